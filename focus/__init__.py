@@ -1,0 +1,26 @@
+"""Focus: centroid-routed sparse attention retrofitted onto frozen Hugging Face causal LMs."""
+
+from .config import ConfigError, FocusConfig
+from .retrofit import (
+    apply_focus,
+    focus_config,
+    focus_parameter_count,
+    focus_parameters,
+    has_focus,
+    remove_focus,
+    set_focus_mode,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigError",
+    "FocusConfig",
+    "apply_focus",
+    "focus_config",
+    "focus_parameter_count",
+    "focus_parameters",
+    "has_focus",
+    "remove_focus",
+    "set_focus_mode",
+]

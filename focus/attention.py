@@ -1,0 +1,136 @@
+"""The attention function transformers calls for a Focus model, registered under the name "focus".
+
+transformers hands it the layer module, the projected (and rotary-embedded) heads and the mask its
+registered mask function built; everything Focus needs (config, centroids, balance bias) sits on the
+module, put there by `apply_focus`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import FocusConfig
+from .reference import causal_pairs, dense_attention, hard_allowed, soft_bias
+from .routing import inference_log_assign, routing_logits, sinkhorn, top_k_groups
+
+FOCUS_ATTENTION = "focus"
+
+
+def route(module: nn.Module, vectors: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+    """Log-assignments (B, K, L, G) of every key token to its layer's groups.
+
+    While the centroids are being trained (grad enabled and they require it), tokens are balanced by
+    Sinkhorn over the sequence and the running group bias is updated; otherwise each token is routed
+    causally by its own logits plus that bias. The routing input is detached: gradients reach the
+    centroids only, never the frozen network through this path.
+
+    Args:
+        vectors: (B, K, L, D) keys or values.
+        valid: (B, L) bool, False for padding, or None.
+    """
+    config: FocusConfig = module.focus_config
+    centroids: torch.Tensor = module.focus_centroids
+    logits = routing_logits(vectors.detach(), centroids, config.temperature)  # (B, K, L, G)
+    if not (torch.is_grad_enabled() and centroids.requires_grad):
+        return inference_log_assign(logits, module.focus_group_bias)
+    log_p, potential = sinkhorn(logits, config.sinkhorn_iters, None if valid is None else valid[:, None])
+    with torch.no_grad():
+        # (B, K, G) -> one row per centroid set: shared centroids average over heads.
+        batch_mean = potential.mean(dim=0).mean(dim=0, keepdim=True) if centroids.shape[0] == 1 else potential.mean(dim=0)
+        module.focus_group_bias.lerp_(batch_mean.to(module.focus_group_bias.dtype), 1 - config.balance_momentum)
+    return log_p
+
+
+def focus_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    softcap: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """transformers attention interface: query (B, H, Q, D), key/value (B, K, L, D) -> (B, Q, H, D).
+
+    `attention_mask` is the boolean (B, 1, Q, L) mask of `sdpa_mask` (True = attend), or None for plain
+    causal attention. The model's own sliding window and padding are in it; Focus only removes pairs.
+    """
+    config: FocusConfig = module.focus_config
+    q_len, k_len = query.shape[-2], key.shape[-2]
+    base_mask = None if attention_mask is None else attention_mask[..., :k_len]
+    if config.window >= k_len:
+        # Every pair the model allows is local: Focus is exactly the model's own attention.
+        out = _sdpa_model_mask(query, key, value, base_mask, scaling, dropout, softcap)
+        return out.transpose(1, 2).contiguous(), None
+
+    valid = None if base_mask is None else base_mask.any(dim=-2)[:, 0]  # (B, L) real (non-padding) keys
+    log_p = route(module, key if config.route_on == "key" else value, valid)  # (B, K, L, G)
+    log_p_q = log_p[:, :, k_len - q_len :]  # a query token is routed by its own key
+    if config.mode == "soft":
+        bias, allowed = soft_bias(log_p_q, log_p, config.window, base_mask, config.gate_floor)
+    else:
+        groups = top_k_groups(log_p, config.top_k)
+        allowed = hard_allowed(groups[:, :, k_len - q_len :], groups, config.num_groups, config.window, base_mask)
+        bias = None
+    if softcap is not None:  # SDPA has no soft-capping: use the explicit path (Gemma 2)
+        out = dense_attention(query, key, value, allowed, bias, scaling, softcap)
+    else:
+        out = sdpa_grouped(query, key, value, allowed, bias, scaling, dropout)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def sdpa_grouped(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    allowed: torch.Tensor,
+    bias: torch.Tensor | None,
+    scaling: float | None,
+    dropout: float = 0.0,
+) -> torch.Tensor:
+    """SDPA with a per key/value-head mask, without copying keys and values per query head.
+
+    The R query heads that share a key/value head are folded into the query-length axis, so SDPA sees
+    K heads of R * Q queries and the mask only needs repeating along that axis.
+
+    Args:
+        query: (B, H, Q, D); key, value: (B, K, L, D).
+        allowed: bool broadcastable to (B, K, Q, L).
+        bias: float (B, K, Q, L) added where allowed, or None.
+    Returns:
+        (B, H, Q, D).
+    """
+    b, h, q_len, d = query.shape
+    k_heads, k_len = key.shape[1], key.shape[2]
+    r = h // k_heads
+    allowed = allowed.expand(b, k_heads, q_len, k_len)
+    if bias is None:
+        mask = allowed | ~allowed.any(dim=-1, keepdim=True)  # padding rows: attend anywhere, not NaN
+    else:
+        floor = torch.finfo(query.dtype).min
+        mask = torch.where(allowed, bias.to(query.dtype), floor)
+    mask = mask[:, :, None].expand(b, k_heads, r, q_len, k_len).reshape(b, k_heads, r * q_len, k_len)
+    q = query.reshape(b, k_heads, r * q_len, d)  # (B, K, R*Q, D)
+    out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling)
+    return out.view(b, h, q_len, d)
+
+
+def _sdpa_model_mask(query, key, value, base_mask, scaling, dropout, softcap) -> torch.Tensor:
+    """The unmodified model's attention: (B, H, Q, D)."""
+    q_len, k_len = query.shape[-2], key.shape[-2]
+    if softcap is not None:
+        allowed = causal_pairs(q_len, k_len, query.device)[None, None] if base_mask is None else base_mask
+        return dense_attention(query, key, value, allowed, None, scaling, softcap)
+    if base_mask is None:
+        # sdpa_mask returns None only when the mask is plainly causal with queries aligned to the end.
+        return F.scaled_dot_product_attention(
+            query, key, value, dropout_p=dropout, scale=scaling, is_causal=q_len > 1, enable_gqa=True
+        )
+    mask = base_mask | ~base_mask.any(dim=-1, keepdim=True)
+    return F.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling, enable_gqa=True
+    )

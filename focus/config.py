@@ -1,0 +1,144 @@
+"""Typed, frozen configuration for Focus, and the strict dict -> dataclass parsing shared by every config.
+
+Unknown keys and wrong types raise with the key's name, so a typo in a YAML profile is one clear line
+instead of a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A configuration value or key is invalid. The message names the key."""
+
+
+def _check_type(cls_name: str, name: str, value: Any, annotation: Any) -> Any:
+    """Return `value` coerced to `annotation` where lossless (int -> float), else raise naming the key."""
+    origin = typing.get_origin(annotation)
+    if origin is Literal:
+        allowed = typing.get_args(annotation)
+        if value not in allowed:
+            raise ConfigError(f"{cls_name}.{name} must be one of {list(allowed)}, got {value!r}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(annotation)
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _check_type(cls_name, name, value, inner[0])
+    if annotation is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if annotation in (int, float, str, bool):
+        # bool is an int subclass: refuse True where a count is expected, and 1 where a flag is.
+        if not isinstance(value, annotation) or (annotation is int and isinstance(value, bool)):
+            raise ConfigError(
+                f"{cls_name}.{name} must be {annotation.__name__}, got {type(value).__name__} {value!r}"
+            )
+    return value
+
+
+def check_types(config: Any) -> None:
+    """Validate (and losslessly coerce, int -> float) every field of a frozen dataclass in place.
+
+    Call from `__post_init__` so that direct construction is checked as strictly as `from_dict`.
+    """
+    hints = typing.get_type_hints(type(config))
+    for f in dataclasses.fields(config):
+        value = _check_type(type(config).__name__, f.name, getattr(config, f.name), hints[f.name])
+        object.__setattr__(config, f.name, value)
+
+
+def from_dict(cls: type[T], values: dict[str, Any]) -> T:
+    """Build the frozen dataclass `cls` from a plain dict, rejecting unknown keys (types: see check_types)."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"{cls.__name__} expects a mapping, got {type(values).__name__}")
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(f"unknown {cls.__name__} key {unknown[0]!r}; known keys: {sorted(known)}")
+    return cls(**values)
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    return dataclasses.asdict(config)
+
+
+@dataclass(frozen=True)
+class FocusConfig:
+    """How Focus routes tokens to groups and which attention pairs it keeps.
+
+    A pair (query i, key j <= i) is kept when i - j < `window` (local, full resolution) or when the two
+    tokens share a group. Groups are per key/value head: every token belongs to the groups that its key
+    vector is routed to, as a query and as a key, which is what lets the hard pattern run as a local
+    call plus one causal call per group.
+    """
+
+    num_groups: int = field(default=16, metadata={"help": "Groups (centroids) per routing head."})
+    window: int = field(default=256, metadata={"help": "Local window w: pairs with i - j < w are always kept."})
+    top_k: int = field(default=2, metadata={"help": "Hard mode: each token joins its top-k groups."})
+    sinkhorn_iters: int = field(
+        default=5, metadata={"help": "Log-domain Sinkhorn iterations while training (0 = plain softmax)."}
+    )
+    balance_momentum: float = field(
+        default=0.9,
+        metadata={
+            "help": "Momentum of the running mean of Sinkhorn's group potentials; inference adds that mean "
+            "to the routing logits so groups stay balanced without looking at future tokens."
+        },
+    )
+    temperature: float = field(
+        default=0.1, metadata={"help": "Routing logits are cosine(vector, centroid) / temperature."}
+    )
+    route_on: Literal["key", "value"] = field(
+        default="key",
+        metadata={
+            "help": "Which per-head vector places a token: its key (as the layer sees it, after any rotary "
+            "embedding) or its value (position-free). Both live in the KV cache, so decoding needs no state."
+        },
+    )
+    shared_centroids: bool = field(
+        default=False,
+        metadata={"help": "One centroid set shared by all key/value heads of a layer instead of one per head."},
+    )
+    mode: Literal["soft", "hard"] = field(
+        default="soft", metadata={"help": "soft: differentiable gate (training); hard: top-k mask (inference)."}
+    )
+    gate_floor: float = field(
+        default=1e-6,
+        metadata={"help": "Soft gate log(sum_g P_ig P_jg) is clamped at log(gate_floor) to stay finite."},
+    )
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        if self.num_groups < 1:
+            raise ConfigError(f"FocusConfig.num_groups must be >= 1, got {self.num_groups}")
+        if self.top_k < 1:
+            raise ConfigError(f"FocusConfig.top_k must be >= 1, got {self.top_k}")
+        if self.top_k > self.num_groups:
+            raise ConfigError(
+                f"FocusConfig.top_k ({self.top_k}) must be <= num_groups ({self.num_groups})"
+            )
+        if self.window < 0:
+            raise ConfigError(f"FocusConfig.window must be >= 0, got {self.window}")
+        if self.sinkhorn_iters < 0:
+            raise ConfigError(f"FocusConfig.sinkhorn_iters must be >= 0, got {self.sinkhorn_iters}")
+        if not 0 <= self.balance_momentum < 1:
+            raise ConfigError(f"FocusConfig.balance_momentum must be in [0, 1), got {self.balance_momentum}")
+        if not self.temperature > 0:
+            raise ConfigError(f"FocusConfig.temperature must be > 0, got {self.temperature}")
+        if not 0 < self.gate_floor < 1:
+            raise ConfigError(f"FocusConfig.gate_floor must be in (0, 1), got {self.gate_floor}")
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "FocusConfig":
+        return from_dict(cls, values)
+
+    def replace(self, **changes: Any) -> "FocusConfig":
+        return from_dict(FocusConfig, {**to_dict(self), **changes})

@@ -1,0 +1,135 @@
+"""The Focus attention pattern, defined densely: the oracle every fast path is tested against.
+
+A query i may attend to key j when the model allows it (causal, padding, its own sliding window) and
+  - local: 0 <= pos(i) - pos(j) < window, at full resolution; or
+  - distant: i and j share a group. Hard mode keeps exactly those pairs. Soft mode keeps every pair
+    the model allows and adds log(sum_g P_ig P_jg) to the logit of each distant pair: the log
+    probability that the two tokens land in the same group under the soft assignment P.
+
+Shapes: B batch, H query heads, K key/value heads (H = K * R), Q query tokens, L key tokens,
+G groups, D head size. Queries are aligned to the end of the keys (a KV cache holds the past), so
+query i sits at position L - Q + i.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .routing import group_membership
+
+
+def query_positions(q_len: int, k_len: int, device: torch.device | None = None) -> torch.Tensor:
+    """(Q,) positions of the queries among the keys: the last Q of them."""
+    return torch.arange(k_len - q_len, k_len, device=device)
+
+
+def causal_pairs(q_len: int, k_len: int, device: torch.device | None = None) -> torch.Tensor:
+    """(Q, L) bool: key j is not after query i."""
+    q = query_positions(q_len, k_len, device)
+    return torch.arange(k_len, device=device)[None, :] <= q[:, None]
+
+
+def local_pairs(q_len: int, k_len: int, window: int, device: torch.device | None = None) -> torch.Tensor:
+    """(Q, L) bool: 0 <= pos(i) - pos(j) < window."""
+    distance = query_positions(q_len, k_len, device)[:, None] - torch.arange(k_len, device=device)[None, :]
+    return (distance >= 0) & (distance < window)
+
+
+def model_allowed(base_mask: torch.Tensor | None, q_len: int, k_len: int, device=None) -> torch.Tensor:
+    """(B or 1, 1, Q, L) bool pairs the unmodified model allows; `None` means plainly causal."""
+    if base_mask is None:
+        return causal_pairs(q_len, k_len, device)[None, None]
+    return base_mask[..., :k_len].bool()
+
+
+def soft_gate(log_p_q: torch.Tensor, log_p_k: torch.Tensor, floor: float) -> torch.Tensor:
+    """log(sum_g P_ig P_jg), clamped at log(floor) so the logit stays finite.
+
+    Args:
+        log_p_q: (B, K, Q, G) log-assignments of the query tokens.
+        log_p_k: (B, K, L, G) log-assignments of the key tokens.
+    Returns:
+        (B, K, Q, L) float32.
+    """
+    same_group = torch.einsum("bkqg,bklg->bkql", log_p_q.float().exp(), log_p_k.float().exp())
+    return same_group.clamp_min(floor).log()
+
+
+def shared_group(groups_q: torch.Tensor, groups_k: torch.Tensor, num_groups: int) -> torch.Tensor:
+    """(B, K, Q, top_k), (B, K, L, top_k) group ids -> (B, K, Q, L) bool: the tokens share a group."""
+    member_q = group_membership(groups_q, num_groups).float()
+    member_k = group_membership(groups_k, num_groups).float()
+    return torch.einsum("bkqg,bklg->bkql", member_q, member_k) > 0
+
+
+def soft_bias(
+    log_p_q: torch.Tensor,
+    log_p_k: torch.Tensor,
+    window: int,
+    base_mask: torch.Tensor | None,
+    floor: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Soft Focus as an additive logit bias.
+
+    Returns:
+        bias: (B, K, Q, L) float32, 0 on local pairs, the soft gate on distant pairs.
+        allowed: (B or 1, 1, Q, L) bool, the pairs the model itself allows.
+    """
+    q_len, k_len = log_p_q.shape[-2], log_p_k.shape[-2]
+    local = local_pairs(q_len, k_len, window, log_p_q.device)
+    gate = soft_gate(log_p_q, log_p_k, floor)
+    bias = torch.where(local, torch.zeros((), device=gate.device), gate)
+    return bias, model_allowed(base_mask, q_len, k_len, log_p_q.device)
+
+
+def hard_allowed(
+    groups_q: torch.Tensor,
+    groups_k: torch.Tensor,
+    num_groups: int,
+    window: int,
+    base_mask: torch.Tensor | None,
+) -> torch.Tensor:
+    """Hard Focus: (B, K, Q, L) bool pairs kept = model-allowed and (local or sharing a group)."""
+    q_len, k_len = groups_q.shape[-2], groups_k.shape[-2]
+    local = local_pairs(q_len, k_len, window, groups_q.device)
+    focus = local | shared_group(groups_q, groups_k, num_groups)
+    return focus & model_allowed(base_mask, q_len, k_len, groups_q.device)
+
+
+def dense_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    allowed: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    scaling: float | None = None,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """Explicit softmax attention with grouped-query heads: the reference.
+
+    Logits are computed in float32, soft-capped if asked (Gemma 2), biased, masked, then softmaxed.
+    A query with no allowed key (a padding row) attends uniformly, as transformers' eager path does,
+    so no NaN reaches the rest of the network.
+
+    Args:
+        query: (B, H, Q, D); key, value: (B, K, L, D) with H a multiple of K.
+        allowed: bool, broadcastable to (B, K, Q, L).
+        bias: float, broadcastable to (B, K, Q, L), added to allowed logits.
+    Returns:
+        (B, H, Q, D) in the query's dtype.
+    """
+    b, h, q_len, d = query.shape
+    k_heads, k_len = key.shape[1], key.shape[2]
+    scaling = d**-0.5 if scaling is None else scaling
+    q = query.float().view(b, k_heads, h // k_heads, q_len, d)  # (B, K, R, Q, D)
+    logits = torch.einsum("bkrqd,bkld->bkrql", q, key.float()) * scaling
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    if bias is not None:
+        logits = logits + bias.float()[:, :, None]
+    allowed = allowed.expand(b, k_heads, q_len, k_len)[:, :, None]
+    allowed = allowed | ~allowed.any(dim=-1, keepdim=True)  # padding rows: uniform, not NaN
+    logits = logits.masked_fill(~allowed, float("-inf"))
+    weights = torch.softmax(logits, dim=-1)
+    out = torch.einsum("bkrql,bkld->bkrqd", weights, value.float())
+    return out.reshape(b, h, q_len, d).to(query.dtype)

@@ -1,0 +1,209 @@
+"""Retrofit Focus onto a Hugging Face causal LM: add centroids, freeze the rest, switch attention.
+
+Attention is switched only through transformers' `AttentionInterface` and `AttentionMaskInterface`
+(both under the name "focus"); no model class is patched. Registering the mask function matters:
+without it transformers hands custom attention no mask at all, silently dropping causal, padding
+and sliding-window masking.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+import torch
+from torch import nn
+from transformers import AttentionInterface, PreTrainedModel
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from .attention import FOCUS_ATTENTION, _sdpa_model_mask, focus_attention
+from .config import FocusConfig
+from .routing import spherical_kmeans
+
+logger = logging.getLogger(__name__)
+
+_CALIBRATION = "focus_calibration"
+_CALIBRATION_TOKENS = 2048  # random-token calibration size when the caller gives no text
+
+
+def _register_interfaces() -> None:
+    for name, fn in ((FOCUS_ATTENTION, focus_attention), (_CALIBRATION, _calibration_attention)):
+        AttentionInterface.register(name, fn)
+        # sdpa_mask: a boolean mask (True = attend), or None when the mask is plainly causal, so long
+        # unpadded prompts never materialise an L x L mask.
+        AttentionMaskInterface.register(name, sdpa_mask)
+
+
+def attention_modules(model: nn.Module) -> list[nn.Module]:
+    """The self-attention modules of `model`, in layer order (those that carry a `layer_idx`)."""
+    found = [
+        m for m in model.modules()
+        if type(m).__name__.endswith("Attention") and isinstance(getattr(m, "layer_idx", None), int)
+    ]
+    return sorted(found, key=lambda m: m.layer_idx)
+
+
+def head_shape(model: PreTrainedModel) -> tuple[int, int]:
+    """(key/value heads, head size) of the model's attention layers."""
+    config = model.config.get_text_config()
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return kv_heads, head_dim
+
+
+def has_focus(model: nn.Module) -> bool:
+    return hasattr(model, "_focus_original")
+
+
+def apply_focus(
+    model: PreTrainedModel,
+    config: FocusConfig,
+    calibration_ids: torch.Tensor | None = None,
+    calibration_mask: torch.Tensor | None = None,
+    seed: int = 0,
+) -> PreTrainedModel:
+    """Add Focus centroids to every attention layer of `model` (in place) and freeze everything else.
+
+    Centroids start as spherical k-means of each layer's own routing vectors (keys or values) on
+    `calibration_ids`; pass a few sequences of real text. Without it, random token ids are used and a
+    warning says so: the groups then start from the model's vectors for noise, not for language.
+
+    Args:
+        calibration_ids: (N, T) token ids, with an optional (N, T) `calibration_mask` for padding.
+    Returns:
+        The same model, now routing attention through Focus.
+    """
+    if not isinstance(config, FocusConfig):
+        raise TypeError(f"apply_focus expects a FocusConfig, got {type(config).__name__}")
+    if has_focus(model):
+        raise ValueError("model already has Focus; call remove_focus(model) first")
+    modules = attention_modules(model)
+    if not getattr(model, "_supports_attention_backend", False) or not modules:
+        raise ValueError(
+            f"unsupported architecture {type(model).__name__}: its attention does not go through "
+            "transformers' AttentionInterface"
+        )
+    _register_interfaces()
+    model._focus_original = {
+        "attn_implementation": model.config._attn_implementation,
+        "requires_grad": {name: p.requires_grad for name, p in model.named_parameters()},
+    }
+    model.requires_grad_(False)
+    kv_heads, head_dim = head_shape(model)
+    sets = 1 if config.shared_centroids else kv_heads
+    device = next(model.parameters()).device
+    for module in modules:
+        module.focus_config = config
+        # float32 whatever the model's dtype: these are the only weights an optimizer updates.
+        module.focus_centroids = nn.Parameter(torch.zeros(sets, config.num_groups, head_dim, device=device))
+        module.register_buffer("focus_group_bias", torch.zeros(sets, config.num_groups, device=device))
+    if calibration_ids is None:
+        warnings.warn(
+            "apply_focus: no calibration_ids given, initialising centroids from random token ids; "
+            "pass a few sequences of real text for meaningful groups",
+            stacklevel=2,
+        )
+        gen = torch.Generator().manual_seed(seed)
+        calibration_ids = torch.randint(model.config.get_text_config().vocab_size, (4, _CALIBRATION_TOKENS // 4), generator=gen)
+    init_centroids(model, calibration_ids, calibration_mask, seed)
+    model.set_attn_implementation(FOCUS_ATTENTION)
+    logger.info("Focus: %s trainable centroid parameters", f"{focus_parameter_count(model):,}")
+    return model
+
+
+def remove_focus(model: PreTrainedModel) -> PreTrainedModel:
+    """Undo `apply_focus`: drop centroids, restore the original attention and trainable flags."""
+    if not has_focus(model):
+        raise ValueError("model has no Focus to remove")
+    original = model._focus_original
+    for module in attention_modules(model):
+        del module.focus_centroids, module.focus_group_bias, module.focus_config
+    model.set_attn_implementation(original["attn_implementation"])
+    for name, param in model.named_parameters():
+        param.requires_grad_(original["requires_grad"][name])
+    del model._focus_original
+    return model
+
+
+def set_focus_mode(model: nn.Module, mode: str, **changes) -> None:
+    """Switch every layer to `mode` ("soft" or "hard"), optionally changing other routing settings
+    (top_k, window, ...) that need no new parameters."""
+    if not has_focus(model):
+        raise ValueError("model has no Focus; call apply_focus first")
+    for module in attention_modules(model):
+        module.focus_config = module.focus_config.replace(mode=mode, **changes)
+        if module.focus_config.num_groups != module.focus_centroids.shape[1]:
+            raise ValueError("set_focus_mode cannot change num_groups: the centroids are fixed")
+
+
+def focus_config(model: nn.Module) -> FocusConfig:
+    """The FocusConfig the model's layers run with."""
+    if not has_focus(model):
+        raise ValueError("model has no Focus; call apply_focus first")
+    return attention_modules(model)[0].focus_config
+
+
+def focus_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The centroid parameters, one (sets, G, D) tensor per layer, in layer order."""
+    return [m.focus_centroids for m in attention_modules(model) if hasattr(m, "focus_centroids")]
+
+
+def focus_parameter_count(model: nn.Module) -> int:
+    return sum(p.numel() for p in focus_parameters(model))
+
+
+# --- k-means initialisation ---------------------------------------------------------------------
+
+
+@torch.no_grad()
+def init_centroids(
+    model: PreTrainedModel,
+    calibration_ids: torch.Tensor,
+    calibration_mask: torch.Tensor | None = None,
+    seed: int = 0,
+) -> None:
+    """Set each layer's centroids to spherical k-means of that layer's routing vectors.
+
+    The model runs with its own (dense) attention while the vectors are collected, so layer l sees
+    exactly the vectors the unmodified network produces.
+    """
+    modules = attention_modules(model)
+    for module in modules:
+        module._focus_calibration = []
+    current = model.config._attn_implementation
+    model.set_attn_implementation(_CALIBRATION)
+    device = next(model.parameters()).device
+    try:
+        model(
+            input_ids=calibration_ids.to(device),
+            attention_mask=None if calibration_mask is None else calibration_mask.to(device),
+            use_cache=False,
+        )
+    finally:
+        model.set_attn_implementation(current)
+    for module in modules:
+        vectors = torch.cat(module._focus_calibration, dim=0)  # (N, K, D) real tokens only
+        del module._focus_calibration
+        sets, num_groups, _ = module.focus_centroids.shape
+        points = [vectors.flatten(0, 1)] if sets == 1 else vectors.unbind(dim=1)
+        centroids = [
+            spherical_kmeans(p, num_groups, seed=seed + 1000 * module.layer_idx + h) for h, p in enumerate(points)
+        ]
+        module.focus_centroids.copy_(torch.stack(centroids))
+        module.focus_group_bias.zero_()
+
+
+def _calibration_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None, **kwargs):
+    """Dense attention that records each layer's routing vectors (real tokens only) for k-means."""
+    k_len = key.shape[-2]
+    base_mask = None if attention_mask is None else attention_mask[..., :k_len]
+    vectors = key if module.focus_config.route_on == "key" else value  # (B, K, L, D)
+    tokens = vectors.transpose(1, 2).float()  # (B, L, K, D)
+    if base_mask is not None:
+        tokens = tokens[base_mask.any(dim=-2)[:, 0]]  # (N, K, D)
+    else:
+        tokens = tokens.flatten(0, 1)
+    module._focus_calibration.append(tokens.cpu())
+    out = _sdpa_model_mask(query, key, value, base_mask, scaling, dropout, softcap)
+    return out.transpose(1, 2).contiguous(), None
