@@ -1,0 +1,161 @@
+"""The attention function transformers calls (SDPA-based) against the dense reference."""
+
+import pytest
+import torch
+from torch import nn
+
+from focus import FocusConfig
+from focus.attention import focus_attention, route
+from focus.reference import dense_attention, hard_allowed, soft_bias
+from focus.routing import top_k_groups
+
+
+def make_layer(config: FocusConfig, kv_heads: int, head_dim: int, seed: int = 0) -> nn.Module:
+    """A stand-in attention module carrying what apply_focus puts on a real one."""
+    gen = torch.Generator().manual_seed(seed)
+    layer = nn.Module()
+    layer.focus_config = config
+    sets = 1 if config.shared_centroids else kv_heads
+    layer.focus_centroids = nn.Parameter(torch.randn(sets, config.num_groups, head_dim, generator=gen))
+    layer.register_buffer("focus_group_bias", 0.3 * torch.randn(sets, config.num_groups, generator=gen))
+    return layer
+
+
+def make_inputs(b, h, k, length, d, pads=(), dtype=torch.float32, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q, key, v = (torch.randn(b, n, length, d, generator=gen).to(dtype) for n in (h, k, k))
+    mask = None
+    if pads:
+        mask = torch.ones(b, 1, length, length, dtype=torch.bool).tril()
+        for bi, p in enumerate(pads):
+            mask[bi, :, :, :p] = False
+    return q, key, v, mask
+
+
+def reference_attention(layer, q, key, v, mask, scaling=None, softcap=None):
+    """Dense reference, routed exactly as the layer routes (the routing is tested on its own)."""
+    config = layer.focus_config
+    q_len, k_len = q.shape[-2], key.shape[-2]
+    valid = None if mask is None else mask.any(dim=-2)[:, 0]
+    log_p = route(layer, key if config.route_on == "key" else v, valid)
+    if config.mode == "soft":
+        bias, allowed = soft_bias(log_p[:, :, k_len - q_len :], log_p, config.window, mask, config.gate_floor)
+    else:
+        groups = top_k_groups(log_p, config.top_k)
+        allowed = hard_allowed(groups[:, :, k_len - q_len :], groups, config.num_groups, config.window, mask)
+        bias = None
+    return dense_attention(q, key, v, allowed, bias, scaling, softcap)
+
+
+def run_focus(layer, q, key, v, mask, **kwargs):
+    out, weights = focus_attention(layer, q, key, v, mask, **kwargs)
+    assert weights is None
+    return out.transpose(1, 2)  # (B, H, Q, D)
+
+
+CASES = [
+    # mode, top_k, window, heads, kv_heads, pads, route_on, shared
+    ("soft", 2, 5, 6, 2, (0, 7), "key", False),
+    ("soft", 1, 0, 3, 3, (), "value", False),
+    ("soft", 2, 9, 4, 1, (3, 0), "key", True),
+    ("hard", 1, 5, 6, 2, (0, 7), "key", False),
+    ("hard", 2, 0, 3, 3, (), "key", False),
+    ("hard", 2, 9, 4, 1, (3, 0), "value", True),
+    ("hard", 4, 3, 4, 2, (0, 2), "key", False),  # top_k == num_groups: every pair shares a group
+]
+
+
+@pytest.mark.parametrize("mode,top_k,window,heads,kv_heads,pads,route_on,shared", CASES)
+@pytest.mark.parametrize("training", [False, True])
+def test_outputs_match_reference(mode, top_k, window, heads, kv_heads, pads, route_on, shared, training):
+    config = FocusConfig(num_groups=4, top_k=top_k, window=window, mode=mode, route_on=route_on, shared_centroids=shared)
+    layer = make_layer(config, kv_heads, 8)
+    q, key, v, mask = make_inputs(2, heads, kv_heads, 37, 8, pads)
+    with torch.set_grad_enabled(training):  # training routes by Sinkhorn, inference by the balance bias
+        out = run_focus(layer, q, key, v, mask, scaling=0.4)
+        expected = reference_attention(layer, q, key, v, mask, scaling=0.4)
+    real = torch.ones(2, 37, dtype=torch.bool) if mask is None else mask.any(-1)[:, 0]
+    torch.testing.assert_close(out.transpose(1, 2)[real], expected.transpose(1, 2)[real], atol=2e-5, rtol=1e-4)
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("mode", ["soft", "hard"])
+def test_gradients_match_reference(mode):
+    config = FocusConfig(num_groups=4, top_k=2, window=4, mode=mode)
+    layer = make_layer(config, 2, 8)
+    q, key, v, mask = make_inputs(2, 4, 2, 23, 8, pads=(0, 5))
+    weight = torch.randn(2, 4, 23, 8)  # an arbitrary downstream loss
+    weight[1, :, :5] = 0  # padding rows carry no loss
+    grads = []
+    for attend in (run_focus, reference_attention):
+        tensors = [t.clone().requires_grad_() for t in (q, key, v)]
+        layer.focus_centroids.grad = None
+        loss = (attend(layer, *tensors, mask) * weight).sum()
+        loss.backward()
+        grads.append([t.grad for t in tensors] + [layer.focus_centroids.grad])
+    for fast, ref, name in zip(*grads, ["query", "key", "value", "centroids"]):
+        if mode == "hard" and name == "centroids":
+            assert fast is None and ref is None  # top-k is not differentiable: hard mode is for inference
+            continue
+        torch.testing.assert_close(fast, ref, atol=5e-5, rtol=1e-4, msg=name)
+    if mode == "soft":
+        assert grads[0][3].abs().sum() > 0, "soft mode must train the centroids"
+
+
+@pytest.mark.parametrize("mode", ["soft", "hard"])
+def test_decoding_rows_equal_prefill_rows(mode):
+    """Queries at the end of a KV cache see what the same rows of a full prefill see."""
+    config = FocusConfig(num_groups=4, top_k=2, window=3, mode=mode)
+    layer = make_layer(config, 2, 8)
+    q, key, v, _ = make_inputs(1, 4, 2, 30, 8)
+    with torch.no_grad():
+        prefill = run_focus(layer, q, key, v, None)
+        for q_len in (1, 4):
+            decode_mask = None if q_len == 1 else torch.ones(30, 30, dtype=torch.bool).tril()[-q_len:][None, None]
+            step = run_focus(layer, q[:, :, -q_len:], key, v, decode_mask)
+            torch.testing.assert_close(step, prefill[:, :, -q_len:], atol=1e-6, rtol=1e-5)
+
+
+def test_window_covering_the_sequence_is_plain_causal_attention():
+    layer = make_layer(FocusConfig(num_groups=4, window=16, mode="hard"), 2, 8)
+    q, key, v, _ = make_inputs(2, 4, 2, 16, 8)
+    out = run_focus(layer, q, key, v, None)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, key, v, is_causal=True, enable_gqa=True)
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)
+
+
+def test_softcap_path_matches_reference():
+    layer = make_layer(FocusConfig(num_groups=4, top_k=1, window=4, mode="soft"), 2, 8)
+    q, key, v, mask = make_inputs(2, 4, 2, 19, 8, pads=(0, 3))
+    with torch.no_grad():
+        out = run_focus(layer, q * 5, key, v, mask, softcap=3.0)
+        expected = reference_attention(layer, q * 5, key, v, mask, softcap=3.0)
+    torch.testing.assert_close(out[:, :, 3:], expected[:, :, 3:])
+
+
+@pytest.mark.parametrize("mode", ["soft", "hard"])
+def test_bfloat16_error_within_twice_the_reference_error(mode):
+    """flash-attn's rule: the fast path's error vs float32 is at most twice the reference's in bf16."""
+    config = FocusConfig(num_groups=4, top_k=2, window=5, mode=mode)
+    layer = make_layer(config, 2, 16)
+    q, key, v, mask = make_inputs(2, 4, 2, 64, 16, pads=(0, 9))
+    with torch.no_grad():
+        exact = reference_attention(layer, q, key, v, mask)
+        low = [t.bfloat16() for t in (q, key, v)]
+        fast = run_focus(layer, *low, mask).float()
+        ref = reference_attention(layer, *low, mask).float()
+    real = mask.any(-1)[:, 0]
+    fast_err = (fast - exact).transpose(1, 2)[real].abs().max()
+    ref_err = (ref - exact).transpose(1, 2)[real].abs().max()
+    assert fast_err <= 2 * ref_err + 1e-3, (fast_err, ref_err)
+
+
+def test_training_updates_the_balance_bias_and_inference_does_not():
+    layer = make_layer(FocusConfig(num_groups=4, window=2), 2, 8)
+    q, key, v, _ = make_inputs(1, 4, 2, 20, 8)
+    before = layer.focus_group_bias.clone()
+    with torch.no_grad():
+        run_focus(layer, q, key, v, None)
+    assert torch.equal(layer.focus_group_bias, before)
+    run_focus(layer, q, key, v, None)
+    assert not torch.equal(layer.focus_group_bias, before)

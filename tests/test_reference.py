@@ -1,0 +1,80 @@
+"""The dense reference is the oracle, so it is itself checked against loops written from the definition."""
+
+import math
+
+import pytest
+import torch
+
+from focus.reference import dense_attention, hard_allowed, local_pairs, soft_bias
+
+
+def padded_causal_mask(batch, length, pads):
+    """(B, 1, L, L) bool: causal, with the first pads[b] tokens of row b being left padding."""
+    mask = torch.ones(batch, 1, length, length, dtype=torch.bool).tril()
+    for b, p in enumerate(pads):
+        mask[b, :, :, :p] = False
+    return mask
+
+
+@pytest.mark.parametrize("window,top_k", [(0, 1), (3, 1), (3, 2), (20, 2)])
+def test_hard_pattern_allows_exactly_the_right_pairs(window, top_k):
+    gen = torch.Generator().manual_seed(window * 10 + top_k)
+    b, k, length, groups_n = 2, 2, 13, 4
+    groups = torch.stack([torch.randperm(groups_n, generator=gen)[:top_k] for _ in range(b * k * length)])
+    groups = groups.view(b, k, length, top_k)
+    pads = [0, 4]
+    allowed = hard_allowed(groups, groups, groups_n, window, padded_causal_mask(b, length, pads))
+    for bi in range(b):
+        for h in range(k):
+            for i in range(length):
+                for j in range(length):
+                    real = j >= pads[bi] and i >= pads[bi]
+                    share = bool(set(groups[bi, h, i].tolist()) & set(groups[bi, h, j].tolist()))
+                    expected = real and j <= i and (i - j < window or share)
+                    if i < pads[bi]:  # padding query: the model itself allows nothing
+                        expected = False
+                    assert allowed[bi, h, i, j].item() == expected, (bi, h, i, j)
+
+
+def test_hard_pattern_for_decoding_queries_uses_end_positions():
+    groups = torch.tensor([0, 1, 0, 1, 1, 0]).view(1, 1, 6, 1)
+    allowed = hard_allowed(groups[:, :, -1:], groups, 2, 2, None)  # last token, queries aligned to the end
+    assert allowed[0, 0, 0].tolist() == [True, False, True, False, True, True]
+
+
+def test_soft_bias_is_log_same_group_probability_outside_the_window():
+    gen = torch.Generator().manual_seed(0)
+    log_p = torch.log_softmax(torch.randn(1, 2, 9, 3, generator=gen), -1)
+    bias, allowed = soft_bias(log_p, log_p, window=3, base_mask=None, floor=1e-6)
+    p = log_p.exp()
+    for h in range(2):
+        for i in range(9):
+            for j in range(9):
+                if 0 <= i - j < 3:
+                    expected = 0.0
+                else:
+                    expected = math.log(max(sum(p[0, h, i, g] * p[0, h, j, g] for g in range(3)).item(), 1e-6))
+                assert bias[0, h, i, j].item() == pytest.approx(expected, abs=1e-5)
+                assert allowed[0, 0, i, j].item() == (j <= i)
+
+
+def test_local_pairs_window_zero_is_empty():
+    assert not local_pairs(5, 5, 0).any()
+    assert local_pairs(5, 5, 1).equal(torch.eye(5, dtype=torch.bool))
+
+
+def test_dense_attention_matches_a_per_head_loop():
+    gen = torch.Generator().manual_seed(0)
+    b, h, k, q_len, k_len, d = 2, 6, 2, 4, 7, 5
+    q, key, v = (torch.randn(b, n, length, d, generator=gen) for n, length in ((h, q_len), (k, k_len), (k, k_len)))
+    allowed = torch.rand(b, k, q_len, k_len, generator=gen) > 0.3
+    allowed[0, 0, 1] = False  # a row with nothing allowed: attends everywhere instead of NaN
+    bias = torch.randn(b, k, q_len, k_len, generator=gen)
+    out = dense_attention(q, key, v, allowed, bias, scaling=0.3, softcap=2.0)
+    for bi in range(b):
+        for hi in range(h):
+            kv = hi // (h // k)
+            logits = 2.0 * torch.tanh((q[bi, hi] @ key[bi, kv].T) * 0.3 / 2.0) + bias[bi, kv]
+            row_ok = allowed[bi, kv] | ~allowed[bi, kv].any(-1, keepdim=True)
+            weights = logits.masked_fill(~row_ok, float("-inf")).softmax(-1)
+            torch.testing.assert_close(out[bi, hi], weights @ v[bi, kv], atol=1e-5, rtol=1e-5)
