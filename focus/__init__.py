@@ -1,5 +1,6 @@
 """Focus: centroid-routed sparse attention retrofitted onto frozen Hugging Face causal LMs."""
 
+from .adapter import load_focus, save_focus
 from .config import ConfigError, FocusConfig
 from .retrofit import (
     apply_focus,
@@ -21,6 +22,8 @@ __all__ = [
     "focus_parameter_count",
     "focus_parameters",
     "has_focus",
+    "load_focus",
+    "save_focus",
     "remove_focus",
     "set_focus_mode",
 ]

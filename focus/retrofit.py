@@ -62,6 +62,7 @@ def apply_focus(
     calibration_ids: torch.Tensor | None = None,
     calibration_mask: torch.Tensor | None = None,
     seed: int = 0,
+    init_centroids: bool = True,
 ) -> PreTrainedModel:
     """Add Focus centroids to every attention layer of `model` (in place) and freeze everything else.
 
@@ -71,6 +72,7 @@ def apply_focus(
 
     Args:
         calibration_ids: (N, T) token ids, with an optional (N, T) `calibration_mask` for padding.
+        init_centroids: False leaves the centroids at zero, for a caller about to load them.
     Returns:
         The same model, now routing attention through Focus.
     """
@@ -98,18 +100,24 @@ def apply_focus(
         # float32 whatever the model's dtype: these are the only weights an optimizer updates.
         module.focus_centroids = nn.Parameter(torch.zeros(sets, config.num_groups, head_dim, device=device))
         module.register_buffer("focus_group_bias", torch.zeros(sets, config.num_groups, device=device))
+    if init_centroids:
+        _init_from_calibration(model, calibration_ids, calibration_mask, seed)
+    model.set_attn_implementation(FOCUS_ATTENTION)
+    logger.info("Focus: %s trainable centroid parameters", f"{focus_parameter_count(model):,}")
+    return model
+
+
+def _init_from_calibration(model, calibration_ids, calibration_mask, seed) -> None:
     if calibration_ids is None:
         warnings.warn(
             "apply_focus: no calibration_ids given, initialising centroids from random token ids; "
             "pass a few sequences of real text for meaningful groups",
-            stacklevel=2,
+            stacklevel=3,
         )
         gen = torch.Generator().manual_seed(seed)
-        calibration_ids = torch.randint(model.config.get_text_config().vocab_size, (4, _CALIBRATION_TOKENS // 4), generator=gen)
-    init_centroids(model, calibration_ids, calibration_mask, seed)
-    model.set_attn_implementation(FOCUS_ATTENTION)
-    logger.info("Focus: %s trainable centroid parameters", f"{focus_parameter_count(model):,}")
-    return model
+        vocab = model.config.get_text_config().vocab_size
+        calibration_ids = torch.randint(vocab, (4, _CALIBRATION_TOKENS // 4), generator=gen)
+    kmeans_centroids(model, calibration_ids, calibration_mask, seed)
 
 
 def remove_focus(model: PreTrainedModel) -> PreTrainedModel:
@@ -157,7 +165,7 @@ def focus_parameter_count(model: nn.Module) -> int:
 
 
 @torch.no_grad()
-def init_centroids(
+def kmeans_centroids(
     model: PreTrainedModel,
     calibration_ids: torch.Tensor,
     calibration_mask: torch.Tensor | None = None,

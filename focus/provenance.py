@@ -1,0 +1,60 @@
+"""Where an artifact came from: library version, git commit, package versions, device."""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+import torch
+
+_PACKAGES = ("torch", "transformers", "accelerate", "safetensors", "datasets", "peft", "lm_eval", "wandb", "snakemake")
+
+
+def git_commit(path: Path | None = None) -> str:
+    """The commit of the checkout holding this package (with "-dirty" if it has changes), or "unknown"."""
+    where = path or Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=where, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return f"{commit}-dirty" if dirty else commit
+
+
+def package_versions() -> dict[str, str]:
+    versions = {}
+    for name in _PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return versions
+
+
+def device_info() -> dict[str, str | int]:
+    info: dict[str, str | int] = {
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpu_threads": torch.get_num_threads(),
+    }
+    if torch.cuda.is_available():
+        info["cuda_device"] = torch.cuda.get_device_name(0)
+        info["cuda_devices"] = torch.cuda.device_count()
+    return info
+
+
+def provenance() -> dict:
+    from . import __version__
+
+    return {
+        "focus_version": __version__,
+        "git_commit": git_commit(),
+        "packages": package_versions(),
+        "device": device_info(),
+    }

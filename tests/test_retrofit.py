@@ -1,0 +1,175 @@
+"""apply_focus / remove_focus on every supported family, built tiny and random."""
+
+import copy
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from focus import (
+    ConfigError,
+    FocusConfig,
+    apply_focus,
+    focus_parameter_count,
+    focus_parameters,
+    load_focus,
+    remove_focus,
+    save_focus,
+    set_focus_mode,
+)
+from focus.models import TINY_FAMILIES, tiny_model
+
+LENGTH = 24
+
+
+def padded_batch(vocab: int, seed: int = 0):
+    """Two sequences; the second left-padded by 5 tokens."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, vocab, (2, LENGTH), generator=gen)
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0
+    ids[1, :5] = 0
+    return ids, mask
+
+
+def logits(model, ids, mask):
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=mask).logits
+
+
+@pytest.fixture(scope="module", params=TINY_FAMILIES)
+def family(request):
+    return request.param
+
+
+@pytest.mark.parametrize("mode", ["soft", "hard"])
+@pytest.mark.parametrize("setting", ["window_covers", "one_group"])
+def test_focus_equals_unmodified_model_when_nothing_is_pruned(family, mode, setting):
+    model = tiny_model(family, seed=0)
+    ids, mask = padded_batch(model.config.vocab_size)
+    expected = logits(model, ids, mask)
+    config = (
+        FocusConfig(window=LENGTH, num_groups=4, top_k=1, mode=mode)
+        if setting == "window_covers"
+        # One group, every token in it: the whole routing path runs and still prunes nothing.
+        else FocusConfig(window=2, num_groups=1, top_k=1, mode=mode)
+    )
+    apply_focus(model, config, calibration_ids=ids, calibration_mask=mask)
+    got = logits(model, ids, mask)
+    real = mask.bool()
+    torch.testing.assert_close(got[real], expected[real], atol=1e-5, rtol=1e-4)
+
+
+def test_focus_with_a_small_window_changes_the_output(family):
+    model = tiny_model(family, seed=0)
+    ids, mask = padded_batch(model.config.vocab_size)
+    expected = logits(model, ids, mask)
+    apply_focus(model, FocusConfig(window=2, num_groups=4, top_k=1, mode="hard"), calibration_ids=ids)
+    assert not torch.allclose(logits(model, ids, mask)[mask.bool()], expected[mask.bool()], atol=1e-4)
+
+
+def test_generate_matches_unmodified_greedy_output(family):
+    model = tiny_model(family, seed=0)
+    prompt, mask = padded_batch(model.config.vocab_size, seed=1)
+    kwargs = dict(attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0)
+    expected = model.generate(prompt, **kwargs)
+    apply_focus(model, FocusConfig(window=64, mode="hard"), calibration_ids=prompt)
+    assert torch.equal(model.generate(prompt, **kwargs), expected)
+
+
+@pytest.mark.parametrize("mode", ["soft", "hard"])
+def test_kv_cache_decoding_equals_full_recompute(mode):
+    """Cached keys keep their groups: step-by-step decoding sees what a full forward pass sees."""
+    model = tiny_model("llama", seed=0)
+    ids, _ = padded_batch(model.config.vocab_size)
+    apply_focus(model, FocusConfig(window=3, num_groups=4, top_k=1, mode=mode), calibration_ids=ids)
+    ids = ids[:1]
+    full = logits(model, ids, None)
+    with torch.no_grad():
+        out = model(input_ids=ids[:, :10], use_cache=True)
+        steps, cache = [out.logits], out.past_key_values
+        for t in range(10, LENGTH):
+            out = model(input_ids=ids[:, t : t + 1], past_key_values=cache, use_cache=True)
+            steps.append(out.logits)
+            cache = out.past_key_values
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-4)
+
+
+def test_only_centroids_train_and_remove_restores_the_model_exactly():
+    model = tiny_model("qwen2", seed=0)
+    model.lm_head.weight.requires_grad_(False)  # a flag apply/remove must give back as it was
+    flags = {n: p.requires_grad for n, p in model.named_parameters()}
+    ids, mask = padded_batch(model.config.vocab_size)
+    expected = logits(model, ids, mask)
+    state = copy.deepcopy(model.state_dict())
+    apply_focus(model, FocusConfig(window=3, num_groups=4), calibration_ids=ids)
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all(n.endswith("focus_centroids") for n in trainable)
+    assert len(trainable) == model.config.num_hidden_layers
+    loss = model(input_ids=ids, attention_mask=mask, labels=ids).loss
+    loss.backward()
+    torch.optim.SGD(focus_parameters(model), lr=1.0).step()
+    remove_focus(model)
+    assert {n: p.requires_grad for n, p in model.named_parameters()} == flags
+    assert model.state_dict().keys() == state.keys()
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
+    assert torch.equal(logits(model, ids, mask), expected)
+
+
+def test_parameter_counts():
+    with torch.device("meta"):  # GPT-2 124M shape (12 layers x 12 heads x 64 dims), no weights needed
+        gpt2 = GPT2LMHeadModel(GPT2Config())
+    apply_focus(gpt2, FocusConfig(num_groups=16), init_centroids=False)
+    assert focus_parameter_count(gpt2) == 12 * 12 * 16 * 64 == 147_456  # the paper's "148K"
+    tiny = tiny_model("llama")
+    apply_focus(tiny, FocusConfig(num_groups=8, shared_centroids=True), init_centroids=False)
+    assert focus_parameter_count(tiny) == tiny.config.num_hidden_layers * 8 * tiny.config.head_dim
+
+
+def test_adapter_round_trip_reproduces_logits(tmp_path):
+    model = tiny_model("mistral", seed=0)
+    ids, mask = padded_batch(model.config.vocab_size)
+    apply_focus(model, FocusConfig(window=3, num_groups=4, mode="hard"), calibration_ids=ids)
+    with torch.no_grad():
+        for p in focus_parameters(model):
+            p.add_(torch.randn_like(p))  # as if trained: not what k-means would give again
+    expected = logits(model, ids, mask)
+    save_focus(model, tmp_path / "adapter", base_model="tiny-mistral")
+    files = sorted(p.name for p in (tmp_path / "adapter").iterdir())
+    assert files == ["focus_centroids.safetensors", "focus_config.json"]
+    config_text = (tmp_path / "adapter" / "focus_config.json").read_text()
+    assert '"base_model": "tiny-mistral"' in config_text and '"git_commit"' in config_text
+
+    fresh = tiny_model("mistral", seed=0)
+    load_focus(fresh, tmp_path / "adapter")
+    assert torch.equal(logits(fresh, ids, mask), expected)
+
+
+def test_loading_onto_a_different_shape_fails_clearly(tmp_path):
+    model = tiny_model("llama", seed=0)
+    apply_focus(model, FocusConfig(num_groups=4))
+    save_focus(model, tmp_path)
+    other = tiny_model("gpt2", seed=0)
+    with pytest.raises(ValueError, match="this model needs"):
+        load_focus(other, tmp_path)
+    with pytest.raises(FileNotFoundError, match="no Focus adapter"):
+        load_focus(other, tmp_path / "missing")
+
+
+def test_bad_input_gets_one_clear_error():
+    model = tiny_model("llama")
+    with pytest.raises(ValueError, match="unsupported architecture Linear"):
+        apply_focus(torch.nn.Linear(2, 2), FocusConfig())
+    apply_focus(model, FocusConfig(num_groups=4))
+    with pytest.raises(ValueError, match="already has Focus"):
+        apply_focus(model, FocusConfig())
+    with pytest.raises(ConfigError, match="top_k"):
+        set_focus_mode(model, "hard", top_k=5)
+    with pytest.raises(ConfigError, match="unknown FocusConfig key 'windw'"):
+        FocusConfig.from_dict({"windw": 3})
+    with pytest.raises(ConfigError, match="window must be int"):
+        FocusConfig.from_dict({"window": "3"})
+    with pytest.raises(ConfigError, match="num_groups must be >= 1"):
+        FocusConfig(num_groups=0)
+    with pytest.raises(ConfigError, match="window must be >= 0"):
+        FocusConfig(window=-1)
