@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import FocusConfig
-from .reference import causal_pairs, dense_attention, hard_allowed, soft_bias
+from .reference import causal_pairs, dense_attention, hard_allowed, sink_keys, soft_bias
 from .routing import inference_log_assign, routing_logits, sinkhorn, top_k_groups
 
 FOCUS_ATTENTION = "focus"
@@ -70,11 +70,14 @@ def focus_attention(
     valid = None if base_mask is None else base_mask.any(dim=-2)[:, 0]  # (B, L) real (non-padding) keys
     log_p = route(module, key if config.route_on == "key" else value, valid)  # (B, K, L, G)
     log_p_q = log_p[:, :, k_len - q_len :]  # a query token is routed by its own key
+    sinks = sink_keys(valid, k_len, config.sink_tokens, key.device) if config.sink_tokens else None
     if config.mode == "soft":
-        bias, allowed = soft_bias(log_p_q, log_p, config.window, base_mask, config.gate_floor)
+        bias, allowed = soft_bias(log_p_q, log_p, config.window, base_mask, config.gate_floor, sinks)
     else:
         groups = top_k_groups(log_p, config.top_k)
-        allowed = hard_allowed(groups[:, :, k_len - q_len :], groups, config.num_groups, config.window, base_mask)
+        allowed = hard_allowed(
+            groups[:, :, k_len - q_len :], groups, config.num_groups, config.window, base_mask, sinks
+        )
         bias = None
     if softcap is not None:  # SDPA has no soft-capping: use the explicit path (Gemma 2)
         out = dense_attention(query, key, value, allowed, bias, scaling, softcap)

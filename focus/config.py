@@ -75,7 +75,7 @@ class FocusConfig:
     """How Focus routes tokens to groups and which attention pairs it keeps.
 
     A pair (query i, key j <= i) is kept when i - j < `window` (local, full resolution) or when the two
-    tokens share a group. Groups are per key/value head: every token belongs to the groups that its key
+    tokens share a group; sink tokens belong to every group. Groups are per key/value head: every token belongs to the groups that its key
     vector is routed to, as a query and as a key, which is what lets the hard pattern run as a local
     call plus one causal call per group.
     """
@@ -83,6 +83,13 @@ class FocusConfig:
     num_groups: int = field(default=16, metadata={"help": "Groups (centroids) per routing head."})
     window: int = field(default=256, metadata={"help": "Local window w: pairs with i - j < w are always kept."})
     top_k: int = field(default=2, metadata={"help": "Hard mode: each token joins its top-k groups."})
+    sink_tokens: int = field(
+        default=1,
+        metadata={
+            "help": "The first n real tokens of a sequence belong to every group (attention sinks): frozen "
+            "LLMs park attention there, and windowed attention without them collapses (StreamingLLM)."
+        },
+    )
     sinkhorn_iters: int = field(
         default=5, metadata={"help": "Log-domain Sinkhorn iterations while training (0 = plain softmax)."}
     )
@@ -125,6 +132,8 @@ class FocusConfig:
             raise ConfigError(
                 f"FocusConfig.top_k ({self.top_k}) must be <= num_groups ({self.num_groups})"
             )
+        if self.sink_tokens < 0:
+            raise ConfigError(f"FocusConfig.sink_tokens must be >= 0, got {self.sink_tokens}")
         if self.window < 0:
             raise ConfigError(f"FocusConfig.window must be >= 0, got {self.window}")
         if self.sinkhorn_iters < 0:

@@ -2,7 +2,8 @@
 
 A query i may attend to key j when the model allows it (causal, padding, its own sliding window) and
   - local: 0 <= pos(i) - pos(j) < window, at full resolution; or
-  - distant: i and j share a group. Hard mode keeps exactly those pairs. Soft mode keeps every pair
+  - distant: i and j share a group. The first `sink_tokens` real tokens of a sequence belong to
+    every group (attention sinks), so every query keeps them. Hard mode keeps exactly those pairs. Soft mode keeps every pair
     the model allows and adds log(sum_g P_ig P_jg) to the logit of each distant pair: the log
     probability that the two tokens land in the same group under the soft assignment P.
 
@@ -42,6 +43,17 @@ def model_allowed(base_mask: torch.Tensor | None, q_len: int, k_len: int, device
     return base_mask[..., :k_len].bool()
 
 
+def sink_keys(valid: torch.Tensor | None, k_len: int, sink_tokens: int, device=None) -> torch.Tensor:
+    """(B or 1, L) bool: the first `sink_tokens` real (non-padding) keys of each sequence.
+
+    Args:
+        valid: (B, L) bool, False for padding, or None when nothing is padded.
+    """
+    if valid is None:
+        return (torch.arange(k_len, device=device) < sink_tokens)[None]
+    return valid & (valid.long().cumsum(dim=-1) <= sink_tokens)
+
+
 def soft_gate(log_p_q: torch.Tensor, log_p_k: torch.Tensor, floor: float) -> torch.Tensor:
     """log(sum_g P_ig P_jg), clamped at log(floor) so the logit stays finite.
 
@@ -68,17 +80,22 @@ def soft_bias(
     window: int,
     base_mask: torch.Tensor | None,
     floor: float,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Soft Focus as an additive logit bias.
 
+    Args:
+        sinks: (B or 1, L) bool keys that belong to every group (see `sink_keys`), or None.
     Returns:
-        bias: (B, K, Q, L) float32, 0 on local pairs, the soft gate on distant pairs.
+        bias: (B, K, Q, L) float32, 0 on local pairs and sink keys, the soft gate on other pairs.
         allowed: (B or 1, 1, Q, L) bool, the pairs the model itself allows.
     """
     q_len, k_len = log_p_q.shape[-2], log_p_k.shape[-2]
-    local = local_pairs(q_len, k_len, window, log_p_q.device)
+    free = local_pairs(q_len, k_len, window, log_p_q.device)
+    if sinks is not None:
+        free = free | sinks[:, None, None, :]  # a sink shares every group: probability 1
     gate = soft_gate(log_p_q, log_p_k, floor)
-    bias = torch.where(local, torch.zeros((), device=gate.device), gate)
+    bias = torch.where(free, torch.zeros((), device=gate.device), gate)
     return bias, model_allowed(base_mask, q_len, k_len, log_p_q.device)
 
 
@@ -88,11 +105,17 @@ def hard_allowed(
     num_groups: int,
     window: int,
     base_mask: torch.Tensor | None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Hard Focus: (B, K, Q, L) bool pairs kept = model-allowed and (local or sharing a group)."""
+    """Hard Focus: (B, K, Q, L) bool pairs kept = model-allowed and (local, sharing a group or a sink key).
+
+    A sink query needs no rule of its own: every key it can see (causally) is a sink too.
+    """
     q_len, k_len = groups_q.shape[-2], groups_k.shape[-2]
     local = local_pairs(q_len, k_len, window, groups_q.device)
     focus = local | shared_group(groups_q, groups_k, num_groups)
+    if sinks is not None:
+        focus = focus | sinks[:, None, None, :]
     return focus & model_allowed(base_mask, q_len, k_len, groups_q.device)
 
 

@@ -49,7 +49,9 @@ def sinkhorn(logits: torch.Tensor, iters: int, valid: torch.Tensor | None = None
         log_p: (..., L, G) float32 log-assignments, rows summing to 1.
         group_potential: (..., G) float32 log-scaling applied to each group, centred to mean zero.
     """
-    s = logits.float()
+    # Beyond |1e4| a softmax is already one-hot; larger values would only lose the small terms
+    # (log 2 of a tie, the row normaliser) to float32 rounding.
+    s = logits.float().clamp(-1e4, 1e4)
     num_groups = s.shape[-1]
     if valid is not None:
         s = s.masked_fill(~valid[..., None], 0.0)

@@ -6,7 +6,7 @@ from torch import nn
 
 from focus import FocusConfig
 from focus.attention import focus_attention, route
-from focus.reference import dense_attention, hard_allowed, soft_bias
+from focus.reference import dense_attention, hard_allowed, sink_keys, soft_bias
 from focus.routing import top_k_groups
 
 
@@ -38,11 +38,12 @@ def reference_attention(layer, q, key, v, mask, scaling=None, softcap=None):
     q_len, k_len = q.shape[-2], key.shape[-2]
     valid = None if mask is None else mask.any(dim=-2)[:, 0]
     log_p = route(layer, key if config.route_on == "key" else v, valid)
+    sinks = sink_keys(valid, k_len, config.sink_tokens)
     if config.mode == "soft":
-        bias, allowed = soft_bias(log_p[:, :, k_len - q_len :], log_p, config.window, mask, config.gate_floor)
+        bias, allowed = soft_bias(log_p[:, :, k_len - q_len :], log_p, config.window, mask, config.gate_floor, sinks)
     else:
         groups = top_k_groups(log_p, config.top_k)
-        allowed = hard_allowed(groups[:, :, k_len - q_len :], groups, config.num_groups, config.window, mask)
+        allowed = hard_allowed(groups[:, :, k_len - q_len :], groups, config.num_groups, config.window, mask, sinks)
         bias = None
     return dense_attention(q, key, v, allowed, bias, scaling, softcap)
 
@@ -54,21 +55,23 @@ def run_focus(layer, q, key, v, mask, **kwargs):
 
 
 CASES = [
-    # mode, top_k, window, heads, kv_heads, pads, route_on, shared
-    ("soft", 2, 5, 6, 2, (0, 7), "key", False),
-    ("soft", 1, 0, 3, 3, (), "value", False),
-    ("soft", 2, 9, 4, 1, (3, 0), "key", True),
-    ("hard", 1, 5, 6, 2, (0, 7), "key", False),
-    ("hard", 2, 0, 3, 3, (), "key", False),
-    ("hard", 2, 9, 4, 1, (3, 0), "value", True),
-    ("hard", 4, 3, 4, 2, (0, 2), "key", False),  # top_k == num_groups: every pair shares a group
+    # mode, top_k, window, heads, kv_heads, pads, route_on, shared, sinks
+    ("soft", 2, 5, 6, 2, (0, 7), "key", False, 1),
+    ("soft", 1, 0, 3, 3, (), "value", False, 0),
+    ("soft", 2, 9, 4, 1, (3, 0), "key", True, 4),
+    ("hard", 1, 5, 6, 2, (0, 7), "key", False, 1),
+    ("hard", 2, 0, 3, 3, (), "key", False, 0),
+    ("hard", 2, 9, 4, 1, (3, 0), "value", True, 4),
+    ("hard", 4, 3, 4, 2, (0, 2), "key", False, 1),  # top_k == num_groups: every pair shares a group
 ]
 
 
-@pytest.mark.parametrize("mode,top_k,window,heads,kv_heads,pads,route_on,shared", CASES)
+@pytest.mark.parametrize("mode,top_k,window,heads,kv_heads,pads,route_on,shared,sinks", CASES)
 @pytest.mark.parametrize("training", [False, True])
-def test_outputs_match_reference(mode, top_k, window, heads, kv_heads, pads, route_on, shared, training):
-    config = FocusConfig(num_groups=4, top_k=top_k, window=window, mode=mode, route_on=route_on, shared_centroids=shared)
+def test_outputs_match_reference(mode, top_k, window, heads, kv_heads, pads, route_on, shared, sinks, training):
+    config = FocusConfig(
+        num_groups=4, top_k=top_k, window=window, mode=mode, route_on=route_on, shared_centroids=shared, sink_tokens=sinks
+    )
     layer = make_layer(config, kv_heads, 8)
     q, key, v, mask = make_inputs(2, heads, kv_heads, 37, 8, pads)
     with torch.set_grad_enabled(training):  # training routes by Sinkhorn, inference by the balance bias

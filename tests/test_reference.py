@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from focus.reference import dense_attention, hard_allowed, local_pairs, soft_bias
+from focus.reference import dense_attention, hard_allowed, local_pairs, sink_keys, soft_bias
 
 
 def padded_causal_mask(batch, length, pads):
@@ -16,21 +16,24 @@ def padded_causal_mask(batch, length, pads):
     return mask
 
 
-@pytest.mark.parametrize("window,top_k", [(0, 1), (3, 1), (3, 2), (20, 2)])
-def test_hard_pattern_allows_exactly_the_right_pairs(window, top_k):
+@pytest.mark.parametrize("window,top_k,sink_tokens", [(0, 1, 0), (3, 1, 1), (3, 2, 2), (20, 2, 0)])
+def test_hard_pattern_allows_exactly_the_right_pairs(window, top_k, sink_tokens):
     gen = torch.Generator().manual_seed(window * 10 + top_k)
     b, k, length, groups_n = 2, 2, 13, 4
     groups = torch.stack([torch.randperm(groups_n, generator=gen)[:top_k] for _ in range(b * k * length)])
     groups = groups.view(b, k, length, top_k)
     pads = [0, 4]
-    allowed = hard_allowed(groups, groups, groups_n, window, padded_causal_mask(b, length, pads))
+    mask = padded_causal_mask(b, length, pads)
+    sinks = sink_keys(mask.any(dim=-2)[:, 0], length, sink_tokens)
+    allowed = hard_allowed(groups, groups, groups_n, window, mask, sinks)
     for bi in range(b):
         for h in range(k):
             for i in range(length):
                 for j in range(length):
                     real = j >= pads[bi] and i >= pads[bi]
                     share = bool(set(groups[bi, h, i].tolist()) & set(groups[bi, h, j].tolist()))
-                    expected = real and j <= i and (i - j < window or share)
+                    sink = pads[bi] <= j < pads[bi] + sink_tokens  # the first real tokens
+                    expected = real and j <= i and (i - j < window or share or sink)
                     if i < pads[bi]:  # padding query: the model itself allows nothing
                         expected = False
                     assert allowed[bi, h, i, j].item() == expected, (bi, h, i, j)
@@ -45,17 +48,24 @@ def test_hard_pattern_for_decoding_queries_uses_end_positions():
 def test_soft_bias_is_log_same_group_probability_outside_the_window():
     gen = torch.Generator().manual_seed(0)
     log_p = torch.log_softmax(torch.randn(1, 2, 9, 3, generator=gen), -1)
-    bias, allowed = soft_bias(log_p, log_p, window=3, base_mask=None, floor=1e-6)
+    bias, allowed = soft_bias(log_p, log_p, window=3, base_mask=None, floor=1e-6, sinks=sink_keys(None, 9, 1))
     p = log_p.exp()
     for h in range(2):
         for i in range(9):
             for j in range(9):
-                if 0 <= i - j < 3:
+                if 0 <= i - j < 3 or j == 0:  # local, or the sink
                     expected = 0.0
                 else:
                     expected = math.log(max(sum(p[0, h, i, g] * p[0, h, j, g] for g in range(3)).item(), 1e-6))
                 assert bias[0, h, i, j].item() == pytest.approx(expected, abs=1e-5)
                 assert allowed[0, 0, i, j].item() == (j <= i)
+
+
+def test_sink_keys_are_the_first_real_tokens():
+    valid = torch.tensor([[True] * 6, [False, False, True, True, True, True]])
+    assert sink_keys(valid, 6, 2).tolist() == [[True, True, False, False, False, False],
+                                              [False, False, True, True, False, False]]
+    assert sink_keys(None, 4, 1).tolist() == [[True, False, False, False]]
 
 
 def test_local_pairs_window_zero_is_empty():

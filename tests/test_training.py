@@ -1,0 +1,368 @@
+"""The centroid training loop on a tiny random Llama: what trains, that it learns, and exact resume."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from focus import apply_focus
+from focus.config import ConfigError, FocusConfig
+from focus.training import CheckpointError, TrainConfig, evaluate_loss, train_centroids
+
+TESTS_DIR = Path(__file__).resolve().parent
+# Checkpoints at 4 and 8 fall inside logging windows (3, 6, 9), so the window sums must be restored too.
+RESUME_CONFIG = TrainConfig(
+    steps=16, batch_size=4, lr=1e-2, warmup_steps=2, schedule="cosine", seed=7,
+    log_every=3, checkpoint_every=4, eval_every=5, eval_batch_size=3,
+)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The tiny model's ops are too small to gain from threads, and they lose badly on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_llama(attention_dropout: float = 0.0) -> transformers.LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=128, max_position_embeddings=64,
+        attention_dropout=attention_dropout,
+    )
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def with_trainable_head(model: torch.nn.Module) -> torch.nn.Module:
+    """Stand-in for apply_focus: freeze everything, then unfreeze a few small tensors."""
+    model.requires_grad_(False)
+    model.model.norm.weight.requires_grad_(True)
+    model.lm_head.weight.requires_grad_(True)
+    return model
+
+
+def resume_model() -> torch.nn.Module:
+    """The model of the resume tests: the tiny Llama with real Focus centroids (and group-bias buffers)."""
+    calibration = pattern_data(rows=4, seed=3)
+    return apply_focus(tiny_llama(), FocusConfig(num_groups=4, window=4, top_k=2), calibration_ids=calibration)
+
+
+def pattern_data(rows: int = 26, length: int = 24, seed: int = 1) -> torch.Tensor:
+    """(rows, length) sequences that repeat a random 4-token pattern from a 16-token alphabet."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 16, (rows, 4), generator=g).repeat(1, length // 4)
+
+
+def training_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Trainable parameters and persistent buffers (Focus keeps its running group bias in one)."""
+    persistent = model.state_dict().keys()
+    state = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    state.update({n: b.detach().clone() for n, b in model.named_buffers() if n in persistent})
+    return state
+
+
+def read_metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def logged_steps(config: TrainConfig, evaluating: bool) -> list[int]:
+    return [
+        s for s in range(1, config.steps + 1)
+        if s % config.log_every == 0 or s == config.steps or (evaluating and s % config.eval_every == 0)
+    ]
+
+
+def without_timing(records: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in records]
+
+
+def run_uninterrupted(out: Path) -> tuple[dict, torch.nn.Module]:
+    model = resume_model()
+    data = pattern_data()
+    final = train_centroids(model, data, RESUME_CONFIG, out, eval_data=data[:5], progress=False)
+    return final, model
+
+
+@pytest.mark.parametrize("use_focus", [False, True], ids=["stand-in", "apply_focus"])
+def test_only_trainable_parameters_change_and_network_stays_in_eval_mode(tmp_path, use_focus):
+    model = tiny_llama(attention_dropout=0.5)
+    if use_focus:
+        apply_focus(model, FocusConfig(num_groups=4, window=4, top_k=2), calibration_ids=pattern_data(rows=4))
+    else:
+        with_trainable_head(model)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    modes = []
+    model.register_forward_hook(lambda module, args, output: modes.append(module.training))
+    model.train()  # the loop must switch the frozen network to eval mode (no dropout) itself
+
+    train_centroids(model, pattern_data(), TrainConfig(steps=5, batch_size=4, lr=1e-2), tmp_path, progress=False)
+
+    assert modes and not any(modes) and not model.training
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            assert not torch.equal(p, before[name]), f"trainable {name} did not change"
+        else:
+            assert torch.equal(p, before[name]), f"frozen {name} changed"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt", "metrics.jsonl"]
+
+
+def test_loss_decreases_on_repeating_patterns(tmp_path):
+    model = with_trainable_head(tiny_llama())
+    data, held_out = pattern_data(64, 32, seed=1), pattern_data(16, 32, seed=2)
+    initial_eval = evaluate_loss(model, held_out, batch_size=8)
+    config = TrainConfig(steps=40, batch_size=8, lr=3e-2, schedule="constant", log_every=5, checkpoint_every=0)
+
+    final = train_centroids(model, data, config, tmp_path, eval_data=held_out, progress=False)
+
+    records = read_metrics(tmp_path)
+    assert [r["step"] for r in records] == list(range(5, 41, 5))
+    assert records[0]["train/loss"] > records[-1]["train/loss"] + 1.0
+    assert final["eval/loss"] < initial_eval - 1.0
+    assert final["eval/ppl"] == pytest.approx(math.exp(final["eval/loss"]))
+    assert final["train/tokens"] == 40 * 8 * 32 and final["train/lr"] == 3e-2
+
+
+_KILLED_RUN = """
+import sys, time, torch
+sys.path.insert(0, {tests_dir!r})
+torch.set_num_threads({threads})  # same reductions as the parent, or floats could differ
+import test_training as t
+from focus.training import train_centroids
+
+def hang_at_step(record):
+    if record["step"] >= {hang_at}:
+        time.sleep(300)  # the parent SIGKILLs us here
+
+data = t.pattern_data()
+train_centroids(t.resume_model(), data, t.RESUME_CONFIG, {out!r}, eval_data=data[:5],
+                progress=False, on_log=hang_at_step)
+"""
+
+
+def test_sigkilled_run_resumes_to_identical_parameters(tmp_path):
+    expected_final, expected_model = run_uninterrupted(tmp_path / "a")
+    expected_records = read_metrics(tmp_path / "a")
+
+    # Run B in a subprocess and SIGKILL it after its step-9 line: checkpoint 8 exists, line 9 is past it.
+    out = tmp_path / "b"
+    script = _KILLED_RUN.format(tests_dir=str(TESTS_DIR), threads=torch.get_num_threads(), hang_at=9, out=str(out))
+    proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 45
+        while not any(r["step"] >= 9 for r in _safe_read_metrics(out)):
+            assert proc.poll() is None, f"training subprocess exited early:\n{proc.stderr.read()}"
+            assert time.monotonic() < deadline, "training subprocess never reached step 9"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+    assert proc.returncode == -signal.SIGKILL
+    assert torch.load(out / "checkpoint.pt", weights_only=True)["step"] == 8
+    assert max(r["step"] for r in read_metrics(out)) == 9
+
+    model = resume_model()
+    data = pattern_data()
+    final = train_centroids(model, data, RESUME_CONFIG, out, eval_data=data[:5], progress=False)
+
+    expected = training_state(expected_model)
+    resumed = training_state(model)
+    assert expected.keys() == resumed.keys()
+    # The group bias moved during training, so restoring it is really tested.
+    assert any(t.abs().sum() > 0 for name, t in expected.items() if "focus_group_bias" in name)
+    for name in expected:
+        assert torch.equal(resumed[name], expected[name]), f"{name} differs after resume"
+    records = read_metrics(out)
+    assert [r["step"] for r in records] == logged_steps(RESUME_CONFIG, evaluating=True)
+    assert without_timing(records) == without_timing(expected_records)
+    assert without_timing([final]) == without_timing([expected_final])
+    assert not list(out.glob("*.tmp"))
+
+
+def _safe_read_metrics(out: Path) -> list[dict]:
+    """Metrics lines written so far; the last one may be half-written while we read."""
+    try:
+        lines = (out / "metrics.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    records = []
+    for line in lines:
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass
+    return records
+
+
+def test_crash_then_resume_then_finished_run_is_a_noop(tmp_path):
+    _, expected_model = run_uninterrupted(tmp_path / "a")
+    out = tmp_path / "b"
+    data = pattern_data()
+
+    def crash(record):
+        if record["step"] == 10:
+            raise KeyboardInterrupt  # what Ctrl-C mid-run looks like to the loop
+
+    with pytest.raises(KeyboardInterrupt):
+        train_centroids(resume_model(), data, RESUME_CONFIG, out, eval_data=data[:5], progress=False, on_log=crash)
+    assert torch.load(out / "checkpoint.pt", weights_only=True)["step"] == 8
+
+    final = train_centroids(resume_model(), data, RESUME_CONFIG, out, eval_data=data[:5], progress=False)
+    log = (out / "metrics.jsonl").read_text()
+
+    # Re-running the finished run trains nothing, loads the final parameters and returns its metrics.
+    model = resume_model()
+    assert train_centroids(model, data, RESUME_CONFIG, out, eval_data=data[:5], progress=False) == final
+    assert (out / "metrics.jsonl").read_text() == log
+    for name, value in training_state(expected_model).items():
+        assert torch.equal(training_state(model)[name], value), name
+
+
+def test_resume_restores_the_global_rngs(tmp_path):
+    """An aux loss drawing from torch, random and numpy continues the same streams after a resume."""
+
+    def noisy_aux(model):
+        noise = torch.rand(()) + random.random() + np.random.rand()
+        return model.model.norm.weight.sum() * noise
+
+    data = pattern_data()
+    config = TrainConfig(steps=6, batch_size=4, log_every=1, checkpoint_every=2, balance_weight=0.1)
+    expected = with_trainable_head(tiny_llama())
+    train_centroids(expected, data, config, tmp_path / "a", aux_loss=noisy_aux, progress=False)
+
+    def crash(record):
+        if record["step"] == 5:
+            raise RuntimeError("simulated crash")
+
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train_centroids(with_trainable_head(tiny_llama()), data, config, tmp_path / "b",
+                        aux_loss=noisy_aux, progress=False, on_log=crash)
+    random.seed(123)  # whatever the caller did in between must not matter
+    resumed = with_trainable_head(tiny_llama())
+    train_centroids(resumed, data, config, tmp_path / "b", aux_loss=noisy_aux, progress=False)
+    for name, value in training_state(expected).items():
+        assert torch.equal(training_state(resumed)[name], value), name
+
+
+def test_mismatched_checkpoint_is_refused_and_changes_nothing(tmp_path):
+    data = pattern_data()
+    config = TrainConfig(steps=2, batch_size=4, checkpoint_every=1)
+    train_centroids(with_trainable_head(tiny_llama()), data, config, tmp_path, progress=False)
+    files = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+
+    other = tiny_llama()
+    other.requires_grad_(False)
+    other.model.norm.weight.requires_grad_(True)
+    with pytest.raises(CheckpointError, match=r"missing \(first 'lm_head.weight'\)|unexpected \(first 'lm_head"):
+        train_centroids(other, data, config, tmp_path, progress=False)
+    wider = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        hidden_size=48, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=128))
+    with pytest.raises(CheckpointError, match=r"'model.norm.weight' is torch.float32 \(32,\) in the checkpoint"):
+        train_centroids(with_trainable_head(wider), data, config, tmp_path, progress=False)
+    with pytest.raises(CheckpointError, match=r"TrainConfig.lr=0.001, this run has 0.002"):
+        faster = TrainConfig(steps=2, batch_size=4, checkpoint_every=1, lr=2e-3)
+        train_centroids(with_trainable_head(tiny_llama()), data, faster, tmp_path, progress=False)
+    with pytest.raises(CheckpointError, match="different training data"):
+        train_centroids(with_trainable_head(tiny_llama()), data.flip(0), config, tmp_path, progress=False)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == files
+
+    (tmp_path / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="cannot read .*checkpoint.pt"):
+        train_centroids(with_trainable_head(tiny_llama()), data, config, tmp_path, progress=False)
+
+
+def test_epochs_visit_a_fresh_permutation_of_full_batches(tmp_path):
+    model = with_trainable_head(tiny_llama())
+    data = torch.arange(7).repeat_interleave(2).reshape(7, 2)  # row i is [i, i]
+    seen = []
+    model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(kwargs["input_ids"][:, 0].tolist()),
+                                    with_kwargs=True)
+    train_centroids(model, data, TrainConfig(steps=6, batch_size=3, checkpoint_every=0), tmp_path, progress=False)
+
+    epochs = [sum(seen[i : i + 2], []) for i in range(0, 6, 2)]  # 7 // 3 = 2 full batches per epoch
+    assert all(len(set(rows)) == 6 for rows in epochs)
+    assert len({tuple(rows) for rows in epochs}) == 3
+
+
+def test_aux_loss_is_logged_and_weighted(tmp_path):
+    data = pattern_data()
+    aux = lambda model: model.model.norm.weight.pow(2).sum()  # noqa: E731
+    trained = {}
+    for weight in (0.0, 1.0):
+        model = with_trainable_head(tiny_llama())
+        config = TrainConfig(steps=3, batch_size=4, balance_weight=weight, log_every=1)
+        final = train_centroids(model, data, config, tmp_path / str(weight), aux_loss=aux, progress=False)
+        assert final["train/aux_loss"] > 0
+        trained[weight] = model.model.norm.weight.detach().clone()
+    assert trained[1.0].pow(2).sum() < trained[0.0].pow(2).sum()  # the penalty pulled the weights down
+    with pytest.raises(ValueError, match="balance_weight=0.5 needs an aux_loss"):
+        train_centroids(with_trainable_head(tiny_llama()), data, TrainConfig(balance_weight=0.5), tmp_path / "x")
+    assert not (tmp_path / "x").exists()
+
+
+def test_no_trainable_parameters_or_bad_data_is_one_clear_error(tmp_path):
+    model = tiny_llama().requires_grad_(False)
+    with pytest.raises(ValueError, match="no parameters with requires_grad=True"):
+        train_centroids(model, pattern_data(), TrainConfig(), tmp_path / "out")
+    model = with_trainable_head(tiny_llama())
+    with pytest.raises(ValueError, match="data must be an integer tensor of shape"):
+        train_centroids(model, pattern_data().float(), TrainConfig(), tmp_path / "out")
+    with pytest.raises(ValueError, match="5 sequences, fewer than one batch of 8"):
+        train_centroids(model, pattern_data(rows=5), TrainConfig(batch_size=8), tmp_path / "out")
+    with pytest.raises(ValueError, match=r"outside the model's vocabulary \[0, 128\)"):
+        train_centroids(model, pattern_data() + 120, TrainConfig(), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "values, key",
+    [
+        ({"steps": 0}, "steps"),
+        ({"steps": 2.5}, "steps"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"lr": 0}, "lr"),
+        ({"lr": float("nan")}, "lr"),
+        ({"weight_decay": -0.1}, "weight_decay"),
+        ({"warmup_steps": 11, "steps": 10}, "warmup_steps"),
+        ({"schedule": "linear"}, "schedule"),
+        ({"min_lr_ratio": 1.5}, "min_lr_ratio"),
+        ({"grad_clip": -1}, "grad_clip"),
+        ({"seed": -1}, "seed"),
+        ({"log_every": 0}, "log_every"),
+        ({"checkpoint_every": -1}, "checkpoint_every"),
+        ({"eval_every": -1}, "eval_every"),
+        ({"balance_weight": float("nan")}, "balance_weight"),
+        ({"learning_rate": 1e-3}, "learning_rate"),
+    ],
+)
+def test_bad_config_names_the_key(values, key):
+    with pytest.raises(ConfigError, match=key):
+        TrainConfig.from_dict(values)
+
+
+def test_lr_schedule_warms_up_then_decays_to_the_floor():
+    config = TrainConfig(steps=10, warmup_steps=2, schedule="cosine", min_lr_ratio=0.1)
+    factors = [config.lr_factor(s) for s in range(10)]
+    assert factors[:3] == [0.5, 1.0, 1.0]
+    assert all(a >= b for a, b in zip(factors[2:], factors[3:]))
+    assert config.lr_factor(10) == pytest.approx(0.1)
+    assert TrainConfig(steps=5, schedule="constant").lr_factor(4) == 1.0
+    assert TrainConfig.from_dict({"lr": 1}).lr == 1.0  # ints coerce to float
