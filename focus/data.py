@@ -1,0 +1,172 @@
+"""Text corpora for perplexity: WikiText-2 and PG-19-style books, from the offline mirror or the hub.
+
+The mirror (see shared/data/README.md) holds hub-layout JSONL files, so a mirror file and its hub split give the
+same rows. Every (corpus, split) names exactly one hub dataset/config/split, read from the mirror when it has the
+file and from the hub otherwise, so a number never depends on which of the two was reachable.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+import torch
+
+MIRROR_ENV = "FOCUS_DATA_MIRROR"
+CORPORA = ("wikitext2", "books")
+SPLITS = ("train", "validation", "test")
+
+_MANIFEST = "MANIFEST.json"
+_REPO_ROOT = Path(__file__).resolve().parent.parent  # the folder holding the `focus` package
+_WIKITEXT_HUB = "Salesforce/wikitext"
+
+# split -> (hub config, file inside the mirror). The mirror lacks raw validation, so "validation" is the
+# tokenized config (`<unk>`, " @-@ ") on the hub too: fine for model selection, not comparable to raw numbers.
+_WIKITEXT = {
+    "train": ("wikitext-2-raw-v1", "wikitext/wikitext-2-raw-v1/train.jsonl"),  # not in the shipped mirror
+    "validation": ("wikitext-2-v1", "wikitext/wikitext-2-v1/validation.jsonl"),
+    "test": ("wikitext-2-raw-v1", "wikitext/wikitext-2-raw-v1/test.jsonl"),
+}
+_BOOKS = "pg19_style_books/books.jsonl"
+# Per book, by characters: [0, 90%) train, [90%, 95%) validation, [95%, 100%] test, each cut moved to a line end.
+_BOOK_CUTS = (0.90, 0.95)
+
+
+def find_mirror(explicit: str | Path | None = None) -> Path | None:
+    """The offline data mirror folder (one holding MANIFEST.json), or None if there is none.
+
+    Search order: `explicit`, `$FOCUS_DATA_MIRROR`, then `shared/data` and `../shared/data` relative to the
+    current directory and to the repository root, so /work/shared/data is found from /work/main.
+
+    Raises:
+        FileNotFoundError: `explicit` or `$FOCUS_DATA_MIRROR` is given but is not a mirror; a typo there should
+            not silently fall through to another copy or the hub.
+    """
+    for named, label in ((explicit, "mirror argument"), (os.environ.get(MIRROR_ENV), f"${MIRROR_ENV}")):
+        if named:
+            path = Path(named).expanduser()
+            if not (path / _MANIFEST).is_file():
+                raise FileNotFoundError(f"{label} {str(path)!r} is not a data mirror (no {_MANIFEST} in it)")
+            return path.resolve()
+    for path in _default_mirror_candidates():
+        if (path / _MANIFEST).is_file():
+            return path.resolve()
+    return None
+
+
+def load_corpus(name: str, split: str, mirror: str | Path | None = None) -> str:
+    """The text of one corpus split, as one string.
+
+    Args:
+        name: "wikitext2" (rows of Salesforce/wikitext joined with "\\n\\n", the usual LLM perplexity text; test
+            and train are wikitext-2-raw-v1, validation is wikitext-2-v1) or "books" (the mirror's 7 PG-19-style
+            novels, each split by `split_book`, joined with "\\n\\n"; mirror only: deepmind/pg19 is other data).
+        split: "train", "validation" or "test".
+        mirror: mirror folder; default: `find_mirror()`.
+
+    Raises:
+        ValueError: unknown `name` or `split`.
+        FileNotFoundError: one line naming the corpus, split, mirror file and places searched, when neither the
+            mirror nor (for wikitext2) the hub provides the split.
+    """
+    if name not in CORPORA:
+        raise ValueError(f"unknown corpus {name!r}; known: {', '.join(CORPORA)}")
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r} for corpus {name!r}; known: {', '.join(SPLITS)}")
+    root = find_mirror(mirror)
+    relative = _BOOKS if name == "books" else _WIKITEXT[split][1]
+    if root is not None and (root / relative).is_file():
+        texts = _mirror_texts(str(root / relative))
+        if name == "books":
+            texts = tuple(split_book(book)[split] for book in texts)
+        return "\n\n".join(texts)
+
+    searched = str(root / relative) if root is not None else _searched_places(mirror)
+    if name == "books":
+        raise FileNotFoundError(
+            f"books split {split!r} not found: no mirror file {relative} (searched {searched}); "
+            "books come only from the mirror (deepmind/pg19 on the hub is different data)"
+        )
+    config = _WIKITEXT[split][0]
+    try:
+        texts = _hub_texts(_WIKITEXT_HUB, config, split)
+    except Exception as err:  # datasets raises ConnectionError, FileNotFoundError, ValueError, ... when offline
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise FileNotFoundError(
+            f"wikitext2 split {split!r} not found: no mirror file {relative} (searched {searched}) and the hub "
+            f"({_WIKITEXT_HUB} {config} {split}) failed: {reason}"
+        ) from err
+    return "\n\n".join(texts)
+
+
+def split_book(text: str) -> dict[str, str]:
+    """Cut one book into {"train", "validation", "test"}: its first 90%, next 5% and last 5% of characters.
+
+    Each cut is moved forward to just after the next newline, so no line is split between two parts. The parts
+    are disjoint and cover the book: train + validation + test == text.
+    """
+    cuts = []
+    for fraction in _BOOK_CUTS:
+        newline = text.find("\n", int(len(text) * fraction))
+        cuts.append(len(text) if newline < 0 else newline + 1)
+    first, second = cuts
+    return {"train": text[:first], "validation": text[first:second], "test": text[second:]}
+
+
+def tokenize_corpus(text: str, tokenizer) -> torch.Tensor:
+    """Token ids of `text` as one sequence: LongTensor (T,), no special tokens added, never truncated.
+
+    The whole text goes through the tokenizer in one call, so ids are exactly what the tokenizer gives for the
+    text (cutting it into pieces could change tokens at the cuts). `verbose=False` silences the "longer than
+    the maximum sequence length" warning, which does not apply: `perplexity` windows the ids.
+    """
+    ids = tokenizer(text, add_special_tokens=False, verbose=False, return_attention_mask=False)["input_ids"]
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def chunk_tokens(ids: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """Non-overlapping rows of `seq_len` consecutive ids.
+
+    Args:
+        ids: LongTensor (T,).
+        seq_len: tokens per row, >= 1.
+
+    Returns:
+        LongTensor (T // seq_len, seq_len), a view of `ids`; the last T % seq_len ids are dropped.
+    """
+    if ids.dim() != 1:
+        raise ValueError(f"chunk_tokens expects 1D ids (T,), got shape {tuple(ids.shape)}")
+    if seq_len < 1:
+        raise ValueError(f"chunk_tokens seq_len must be >= 1, got {seq_len}")
+    rows = ids.numel() // seq_len
+    if rows == 0:
+        raise ValueError(f"chunk_tokens: {ids.numel()} ids are fewer than seq_len={seq_len}")
+    return ids[: rows * seq_len].view(rows, seq_len)  # (N, seq_len)
+
+
+def _default_mirror_candidates() -> list[Path]:
+    bases = [Path.cwd(), _REPO_ROOT]
+    return [base / up / "shared" / "data" for base in bases for up in (".", "..")]
+
+
+def _searched_places(explicit: str | Path | None) -> str:
+    """The mirror folders that `find_mirror` looked in (none of them held a mirror)."""
+    named = [str(p) for p in (explicit, os.environ.get(MIRROR_ENV)) if p]
+    return ", ".join(named + [str(p) for p in _default_mirror_candidates()])
+
+
+@functools.lru_cache(maxsize=8)
+def _mirror_texts(path: str) -> tuple[str, ...]:
+    """The `text` column of a hub-layout JSONL file in the mirror (cached: books.jsonl is read for every split)."""
+    import datasets  # deferred: importing datasets costs about a second and only corpus loading needs it
+
+    rows = datasets.load_dataset("json", data_files={"rows": path}, split="rows")
+    return tuple(rows["text"])
+
+
+def _hub_texts(path: str, config: str, split: str) -> list[str]:
+    """The `text` column of a hub dataset split (needs the network or a warm hub cache)."""
+    import datasets
+
+    return list(datasets.load_dataset(path, config, split=split)["text"])

