@@ -37,9 +37,10 @@ def route(module: nn.Module, vectors: torch.Tensor, valid: torch.Tensor | None) 
         return inference_log_assign(logits, module.focus_group_bias)
     log_p, potential = sinkhorn(logits, config.sinkhorn_iters, None if valid is None else valid[:, None])
     with torch.no_grad():
-        # (B, K, G) -> one row per centroid set: shared centroids average over heads.
-        batch_mean = potential.mean(dim=0).mean(dim=0, keepdim=True) if centroids.shape[0] == 1 else potential.mean(dim=0)
-        module.focus_group_bias.lerp_(batch_mean.to(module.focus_group_bias.dtype), 1 - config.balance_momentum)
+        step_mean = potential.mean(dim=0)  # (K, G)
+        if centroids.shape[0] == 1:  # shared centroids: one bias row for all heads
+            step_mean = step_mean.mean(dim=0, keepdim=True)
+        module.focus_group_bias.lerp_(step_mean.to(module.focus_group_bias.dtype), 1 - config.balance_momentum)
     return log_p
 
 
@@ -64,7 +65,7 @@ def focus_attention(
     base_mask = None if attention_mask is None else attention_mask[..., :k_len]
     if config.window >= k_len:
         # Every pair the model allows is local: Focus is exactly the model's own attention.
-        out = _sdpa_model_mask(query, key, value, base_mask, scaling, dropout, softcap)
+        out = unmodified_attention(query, key, value, base_mask, scaling, dropout, softcap)
         return out.transpose(1, 2).contiguous(), None
 
     valid = None if base_mask is None else base_mask.any(dim=-2)[:, 0]  # (B, L) real (non-padding) keys
@@ -122,7 +123,7 @@ def sdpa_grouped(
     return out.view(b, h, q_len, d)
 
 
-def _sdpa_model_mask(query, key, value, base_mask, scaling, dropout, softcap) -> torch.Tensor:
+def unmodified_attention(query, key, value, base_mask, scaling, dropout, softcap) -> torch.Tensor:
     """The unmodified model's attention: (B, H, Q, D)."""
     q_len, k_len = query.shape[-2], key.shape[-2]
     if softcap is not None:

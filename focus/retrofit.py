@@ -16,7 +16,7 @@ from torch import nn
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from .attention import FOCUS_ATTENTION, _sdpa_model_mask, focus_attention
+from .attention import FOCUS_ATTENTION, unmodified_attention, focus_attention
 from .config import FocusConfig
 from .routing import spherical_kmeans
 
@@ -213,5 +213,5 @@ def _calibration_attention(module, query, key, value, attention_mask, scaling=No
     else:
         tokens = tokens.flatten(0, 1)
     module._focus_calibration.append(tokens.cpu())
-    out = _sdpa_model_mask(query, key, value, base_mask, scaling, dropout, softcap)
+    out = unmodified_attention(query, key, value, base_mask, scaling, dropout, softcap)
     return out.transpose(1, 2).contiguous(), None

@@ -3,6 +3,7 @@
 import importlib.util
 
 import pytest
+import torch
 
 
 @pytest.fixture(scope="session")
@@ -35,3 +36,13 @@ def tiny_tokenizer():
     corpus = ["The quick brown fox jumps over the lazy dog.", "It was the best of times, it was the worst."] * 50
     backend.train_from_iterator(corpus, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>")
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread for the test: tiny models are all overhead, and with two threads on a busy 2-core
+    machine the workers spin-wait (a tiny llama forward took 0.4 s instead of 2 ms)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

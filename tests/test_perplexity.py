@@ -10,14 +10,7 @@ from focus.perplexity import perplexity, sliding_windows, token_nll
 COMBOS = [(8, 8), (8, 3), (8, 1), (16, 5), (7, 7), (13, 4), (64, 64), (64, 7)]  # (context_length, stride)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One torch thread: tiny models are all overhead, and on a busy 2-core machine two threads spin-wait
-    (tiny llama forward 0.4 s instead of 2 ms; SmolLM2 at 256 tokens 8 s instead of 0.8 s)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

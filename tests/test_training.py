@@ -28,13 +28,7 @@ RESUME_CONFIG = TrainConfig(
 )
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The tiny model's ops are too small to gain from threads, and they lose badly on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_llama(attention_dropout: float = 0.0) -> transformers.LlamaForCausalLM:
