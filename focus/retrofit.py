@@ -16,7 +16,7 @@ from torch import nn
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from .attention import FOCUS_ATTENTION, unmodified_attention, focus_attention
+from .attention import FOCUS_ATTENTION, focus_attention, unmodified_attention
 from .config import FocusConfig
 from .routing import spherical_kmeans
 
