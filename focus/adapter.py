@@ -10,7 +10,6 @@ focus_config.json always holds a complete adapter.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import torch
@@ -18,6 +17,7 @@ from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
 from .config import FocusConfig, to_dict
+from .files import atomic_write
 from .provenance import git_commit
 from .retrofit import apply_focus, attention_modules, focus_config, has_focus, head_shape
 
@@ -49,8 +49,8 @@ def save_focus(model: PreTrainedModel, directory: str | Path, base_model: str | 
         "focus_version": __version__,
         "git_commit": git_commit(),
     }
-    _atomic_write(directory / WEIGHTS_NAME, lambda path: save_file(tensors, str(path), metadata={"format": "pt"}))
-    _atomic_write(directory / CONFIG_NAME, lambda path: path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n"))
+    atomic_write(directory / WEIGHTS_NAME, lambda path: save_file(tensors, str(path), metadata={"format": "pt"}))
+    atomic_write(directory / CONFIG_NAME, lambda path: path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n"))
     return directory
 
 
@@ -88,12 +88,3 @@ def load_focus(model: PreTrainedModel, directory: str | Path) -> PreTrainedModel
             module.focus_centroids.copy_(tensors[f"layers.{i}.centroids"])
             module.focus_group_bias.copy_(tensors[f"layers.{i}.group_bias"])
     return model
-
-
-def _atomic_write(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)

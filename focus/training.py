@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from focus.config import ConfigError, check_types, from_dict, to_dict
+from focus.files import atomic_write
 
 CHECKPOINT_NAME = "checkpoint.pt"
 METRICS_NAME = "metrics.jsonl"
@@ -447,7 +447,7 @@ def _save_checkpoint(
         "data_sha256": fingerprint,
         "final_metrics": final_metrics,
     }
-    _atomic_write(path, lambda f: torch.save(state, f))
+    atomic_write(path, lambda tmp: torch.save(state, tmp))
 
 
 def _load_checkpoint(
@@ -511,18 +511,4 @@ def _truncate_metrics(path: Path, last_step: int) -> None:
                 continue
             if isinstance(record, dict) and record.get("step", math.inf) <= last_step:
                 kept.append(line if line.endswith("\n") else line + "\n")
-    _atomic_write(path, lambda f: f.write("".join(kept).encode("utf-8")))
-
-
-def _atomic_write(path: Path, write: Callable[[Any], Any]) -> None:
-    """Call `write(binary_file)` on a temp file beside `path`, then rename it over `path`."""
-    tmp = path.with_name(f"{path.name}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        # Only left when writing failed: never leave a half-written file behind.
-        tmp.unlink(missing_ok=True)
+    atomic_write(path, lambda tmp: tmp.write_text("".join(kept), encoding="utf-8"))
