@@ -70,19 +70,13 @@ def load_corpus(name: str, split: str, mirror: str | Path | None = None) -> str:
         FileNotFoundError: one line naming the corpus, split, mirror file and places searched, when neither the
             mirror nor (for wikitext2) the hub provides the split.
     """
-    if name not in CORPORA:
-        raise ValueError(f"unknown corpus {name!r}; known: {', '.join(CORPORA)}")
-    if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r} for corpus {name!r}; known: {', '.join(SPLITS)}")
-    root = find_mirror(mirror)
-    relative = _BOOKS if name == "books" else _WIKITEXT[split][1]
-    if root is not None and (root / relative).is_file():
-        texts = _mirror_texts(str(root / relative))
+    path, relative, searched = _mirror_file(name, split, mirror)
+    if path is not None:
+        texts = _mirror_texts(str(path))
         if name == "books":
             texts = tuple(split_book(book)[split] for book in texts)
         return "\n\n".join(texts)
 
-    searched = str(root / relative) if root is not None else _searched_places(mirror)
     if name == "books":
         raise FileNotFoundError(
             f"books split {split!r} not found: no mirror file {relative} (searched {searched}); "
@@ -98,6 +92,30 @@ def load_corpus(name: str, split: str, mirror: str | Path | None = None) -> str:
             f"({_WIKITEXT_HUB} {config} {split}) failed: {reason}"
         ) from err
     return "\n\n".join(texts)
+
+
+def corpus_location(name: str, split: str, mirror: str | Path | None = None) -> str:
+    """Where `load_corpus(name, split, mirror)` will read from, without reading it: a mirror file path, or
+    "hub <dataset> <config> <split>". Cheap, so a pipeline can check all its data before any job starts.
+
+    Raises:
+        ValueError: unknown `name` or `split`.
+        FileNotFoundError: one line naming the corpus, split and places searched, when the mirror lacks the file
+            and the hub cannot provide it (books are mirror-only; the hub is unusable with HF_HUB_OFFLINE=1).
+    """
+    from huggingface_hub import constants  # reads HF_HUB_OFFLINE once, as every hub call does
+
+    path, relative, searched = _mirror_file(name, split, mirror)
+    if path is not None:
+        return str(path)
+    if name == "books":
+        raise FileNotFoundError(f"books split {split!r} not found: no mirror file {relative} (searched {searched})")
+    if constants.HF_HUB_OFFLINE:
+        raise FileNotFoundError(
+            f"wikitext2 split {split!r} not found: no mirror file {relative} (searched {searched}) "
+            "and the hub is off (HF_HUB_OFFLINE=1)"
+        )
+    return f"hub {_WIKITEXT_HUB} {_WIKITEXT[split][0]} {split}"
 
 
 def split_book(text: str) -> dict[str, str]:
@@ -143,6 +161,19 @@ def chunk_tokens(ids: torch.Tensor, seq_len: int) -> torch.Tensor:
     if rows == 0:
         raise ValueError(f"chunk_tokens: {ids.numel()} ids are fewer than seq_len={seq_len}")
     return ids[: rows * seq_len].view(rows, seq_len)  # (N, seq_len)
+
+
+def _mirror_file(name: str, split: str, mirror: str | Path | None) -> tuple[Path | None, str, str]:
+    """(mirror file of the split or None if absent, its path inside a mirror, the places searched)."""
+    if name not in CORPORA:
+        raise ValueError(f"unknown corpus {name!r}; known: {', '.join(CORPORA)}")
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r} for corpus {name!r}; known: {', '.join(SPLITS)}")
+    root = find_mirror(mirror)
+    relative = _BOOKS if name == "books" else _WIKITEXT[split][1]
+    if root is not None and (root / relative).is_file():
+        return root / relative, relative, str(root / relative)
+    return None, relative, str(root / relative) if root is not None else _searched_places(mirror)
 
 
 def _default_mirror_candidates() -> list[Path]:

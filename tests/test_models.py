@@ -13,8 +13,8 @@ from focus.models import (
     packaged_smollm2_gguf,
     tiny_config,
     tiny_model,
-    write_folder_atomically,
 )
+from focus.files import write_folder_atomically
 
 PAD = 0
 

@@ -1,0 +1,145 @@
+"""Experiment profiles of the replication pipeline (configs/*.yaml): validation and resolution.
+
+`resolve_profile` turns a profile as written into one where every model carries its complete FocusConfig per
+variant and complete TrainConfigs, and checks everything that can be checked before a job starts: structure
+and types (a JSON schema), every FocusConfig/TrainConfig field, model sources, and that every data split the
+profile needs is in the mirror or reachable on the hub. Each failure is one `ConfigError` line naming the key.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from .config import ConfigError, FocusConfig, to_dict
+from .data import corpus_location
+from .models import PACKAGED_SMOLLM2, TINY_FAMILIES, TINY_PREFIX
+from .training import TrainConfig
+
+PRETRAINED = "pretrained"
+FULL_FINETUNE = "full_finetune"
+MODES = ("soft", "hard")
+_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+
+
+def resolve_profile(config: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
+    """Validate a profile and return it resolved (a new plain dict; `config` is not changed).
+
+    Resolved keys: everything in the profile, plus `results` ("results/<name>"), `methods` (what perplexity is
+    measured for: "pretrained", "full_finetune" when the baseline is on, "<variant>-soft", "<variant>-hard"),
+    and per model `dtype`, `variants` ({variant: FocusConfig dict}), `centroids` and `full_finetune` (TrainConfig
+    dicts; `full_finetune` None when off).
+
+    Raises:
+        ConfigError: one line naming the key and what is wrong with it.
+    """
+    _check_schema(config, schema)
+    profile = {key: value for key, value in config.items()}
+    profile["results"] = f"results/{config['name']}"
+    variants = config.get("variants") or {"focus": {}}
+    train = config["train"]
+    baseline = train.get("full_finetune")
+    models = {}
+    for name, spec in config["models"].items():
+        where = f"models.{name}"
+        _check_source(where, spec["source"])
+        focus = {**config["focus"], **spec.get("focus", {})}
+        resolved = {
+            "source": spec["source"],
+            "dtype": spec.get("dtype", config.get("dtype", "float32")),
+            "variants": {
+                variant: _focus_dict(f"{where} variant {variant}", {**focus, **changes})
+                for variant, changes in variants.items()
+            },
+            "centroids": _train_dict(f"{where}.centroids", {**train["centroids"], **spec.get("centroids", {})}),
+            "full_finetune": None,
+        }
+        if baseline is not None:
+            # The same budget (steps, batch, schedule) as this model's centroids unless overridden.
+            merged = {**resolved["centroids"], **baseline, **spec.get("full_finetune", {})}
+            resolved["full_finetune"] = _train_dict(f"{where}.full_finetune", merged)
+        models[name] = resolved
+    profile["models"] = models
+    profile["variants"] = variants
+    profile["methods"] = [PRETRAINED] + ([FULL_FINETUNE] if baseline is not None else []) + [
+        f"{variant}-{mode}" for variant in variants for mode in MODES
+    ]
+    _check_data(config)
+    return profile
+
+
+def method_variant(method: str) -> tuple[str, str] | None:
+    """("<variant>", "soft"|"hard") for a Focus method name, None for "pretrained" and "full_finetune"."""
+    if method in (PRETRAINED, FULL_FINETUNE):
+        return None
+    variant, _, mode = method.rpartition("-")
+    return variant, mode
+
+
+def _check_schema(config: dict[str, Any], schema: dict[str, Any]) -> None:
+    import jsonschema  # deferred: only profile loading needs it
+
+    validator = jsonschema.Draft202012Validator(schema)
+    error = jsonschema.exceptions.best_match(validator.iter_errors(config))
+    if error is not None:
+        where = ".".join(str(part) for part in error.absolute_path) or "profile"
+        raise ConfigError(f"{where}: {error.message}")
+
+
+def _focus_dict(where: str, values: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return to_dict(FocusConfig.from_dict(values))
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from None
+
+
+def _train_dict(where: str, values: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return to_dict(TrainConfig.from_dict(values))
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from None
+
+
+def _check_source(where: str, source: str) -> None:
+    """Refuse sources that cannot load: unknown tiny families, missing folders, hub ids unusable offline."""
+    if source == PACKAGED_SMOLLM2:
+        return
+    if source.startswith(TINY_PREFIX):
+        family = source[len(TINY_PREFIX) :]
+        if family not in TINY_FAMILIES:
+            raise ConfigError(f"{where}.source: unknown tiny model family {family!r}; known: {', '.join(TINY_FAMILIES)}")
+        return
+    path = Path(source).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"{where}.source: folder {source!r} has no config.json (not a saved model)")
+        return
+    if not _HUB_ID.match(source):
+        raise ConfigError(
+            f"{where}.source: unknown model {source!r}: not {PACKAGED_SMOLLM2!r}, tiny:<family>, an existing "
+            "folder or a hub id (org/name)"
+        )
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if constants.HF_HUB_OFFLINE and not isinstance(try_to_load_from_cache(source, "config.json"), str):
+        raise ConfigError(f"{where}.source: hub model {source!r} is not in the local hub cache and HF_HUB_OFFLINE=1")
+
+
+def _check_data(config: dict[str, Any]) -> None:
+    domains = config["data"]["domains"]
+    mirror = config["data"].get("mirror")
+    train = config["train"]
+    needed = {(train["domain"], "train")}
+    if train.get("eval_rows", 0) > 0:
+        needed.add((train["domain"], "validation"))
+    needed |= {(domain, "test") for domain in config["perplexity"]["domains"]}
+    for domain, split in sorted(needed):
+        if split not in domains.get(domain, []):
+            raise ConfigError(f"data.domains.{domain}: the profile needs split {split!r}; list it there")
+    for domain, splits in domains.items():
+        for split in splits:
+            try:
+                corpus_location(domain, split, mirror)
+            except FileNotFoundError as err:
+                raise ConfigError(f"data.domains.{domain}: {err}") from None

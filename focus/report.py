@@ -1,0 +1,131 @@
+"""Tables and figures of a pipeline run, built from the JSON records the stages wrote.
+
+CSV files are the record (long form: one row per measurement); each has a Markdown sibling laid out for reading.
+Figures are PNG (report, W&B) with an SVG sibling (papers).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from .files import atomic_write
+
+# Column order of the perplexity pivot: baselines first, then Focus variants as they come.
+_BASELINES = ("pretrained", "full_finetune")
+
+
+def perplexity_frame(records: list[str | Path]) -> pd.DataFrame:
+    """One row per (model, method, domain) perplexity record."""
+    rows = []
+    for path in records:
+        record = json.loads(Path(path).read_text())
+        rows.append({key: record[key] for key in ("model", "method", "domain", "perplexity", "nll", "tokens",
+                                                  "context_length", "seconds")})
+    return pd.DataFrame(rows)
+
+
+def training_frame(summaries: list[str | Path]) -> pd.DataFrame:
+    """One row per training run: model, variant, parameters, budget, final losses, wall time."""
+    rows = []
+    for path in summaries:
+        summary = json.loads(Path(path).read_text())
+        final, config = summary["final"], summary["train_config"]
+        rows.append({
+            "model": Path(path).parent.parent.name,
+            "variant": Path(path).parent.name,
+            "trainable_parameters": summary["trainable_parameters"],
+            "steps": config["steps"],
+            "batch_size": config["batch_size"],
+            "seq_len": summary["seq_len"],
+            "tokens": final.get("train/tokens"),
+            "lr": config["lr"],
+            "train_loss": final.get("train/loss"),
+            "eval_loss": final.get("eval/loss"),
+            "eval_ppl": final.get("eval/ppl"),
+            "seconds": summary["seconds"],
+            "resumed": summary["resumed"],
+        })
+    return pd.DataFrame(rows)
+
+
+def perplexity_markdown(frame: pd.DataFrame) -> str:
+    """Perplexity with one row per (model, domain) and one column per method."""
+    methods = list(dict.fromkeys([m for m in _BASELINES if m in set(frame["method"])] + list(frame["method"])))
+    pivot = frame.pivot_table(index=["model", "domain"], columns="method", values="perplexity", sort=False)
+    return pivot[methods].reset_index().to_markdown(index=False, floatfmt=".2f") + "\n"
+
+
+def write_tables(
+    perplexity_records: list[str | Path],
+    training_summaries: list[str | Path],
+    perplexity_csv: str | Path,
+    training_csv: str | Path,
+) -> None:
+    """Write the perplexity and training tables as CSV, each with a `.md` sibling."""
+    frame = perplexity_frame(perplexity_records)
+    _write_text(perplexity_csv, frame.to_csv(index=False))
+    _write_text(Path(perplexity_csv).with_suffix(".md"), perplexity_markdown(frame))
+    training = training_frame(training_summaries)
+    _write_text(training_csv, training.to_csv(index=False))
+    _write_text(Path(training_csv).with_suffix(".md"), training.to_markdown(index=False, floatfmt=".4g") + "\n")
+
+
+def plot_figures(
+    metrics_files: list[str | Path], perplexity_csv: str | Path, loss_curves: str | Path, perplexity: str | Path
+) -> None:
+    """Loss curves (one panel per model, one line per trained variant) and perplexity bars (one panel per
+    model, bars per method, grouped by test corpus), each as PNG plus an SVG sibling."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on clusters and CI
+    import matplotlib.pyplot as plt
+
+    curves: dict[str, dict[str, pd.DataFrame]] = {}
+    for path in metrics_files:
+        rows = [json.loads(line) for line in Path(path).read_text().splitlines()]
+        frame = pd.DataFrame([row for row in rows if "train/loss" in row])
+        curves.setdefault(Path(path).parent.parent.name, {})[Path(path).parent.name] = frame
+    fig, axes = _panels(plt, len(curves))
+    for ax, (model, variants) in zip(axes, curves.items()):
+        for variant, frame in variants.items():
+            ax.plot(frame["step"], frame["train/loss"], marker="o", markersize=3, label=variant)
+        ax.set(title=model, xlabel="step", ylabel="train loss")
+        ax.legend(fontsize="small")
+    _save(fig, loss_curves)
+
+    table = pd.read_csv(perplexity_csv)
+    models = list(dict.fromkeys(table["model"]))
+    fig, axes = _panels(plt, len(models))
+    for ax, model in zip(axes, models):
+        pivot = table[table["model"] == model].pivot_table(index="domain", columns="method", values="perplexity",
+                                                           sort=False)
+        order = [m for m in _BASELINES if m in pivot.columns] + [m for m in pivot.columns if m not in _BASELINES]
+        pivot[order].plot.bar(ax=ax, rot=0, logy=True)
+        ax.set(title=model, xlabel="test corpus", ylabel="perplexity (log scale)")
+        ax.legend(fontsize="small")
+    _save(fig, perplexity)
+
+
+def _panels(plt, count: int):
+    columns = min(count, 3)
+    rows = -(-count // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.8 * rows), squeeze=False)
+    for ax in axes.flat[count:]:
+        ax.set_visible(False)
+    return fig, list(axes.flat[:count])
+
+
+def _save(fig, png: str | Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    for path in (Path(png), Path(png).with_suffix(".svg")):
+        atomic_write(path, lambda tmp, suffix=path.suffix[1:]: fig.savefig(tmp, format=suffix, dpi=120))
+    plt.close(fig)
+
+
+def _write_text(path: str | Path, text: str) -> None:
+    atomic_write(Path(path), lambda tmp: Path(tmp).write_text(text))

@@ -1,0 +1,92 @@
+"""Pipeline profiles: the shipped ones resolve; each kind of bad profile is one ConfigError line naming the key."""
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from focus.config import ConfigError
+from focus.profile import method_variant, resolve_profile
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA = yaml.safe_load((ROOT / "workflow" / "schemas" / "config.schema.yaml").read_text())
+
+
+def tiny():
+    return yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
+
+
+def test_tiny_profile_resolves_every_model_variant_and_method():
+    profile = resolve_profile(tiny(), SCHEMA)
+    assert profile["results"] == "results/tiny"
+    assert profile["methods"] == ["pretrained", "full_finetune", "focus-soft", "focus-hard"]
+    smollm2 = profile["models"]["smollm2"]
+    assert smollm2["variants"]["focus"]["window"] == 64 and smollm2["variants"]["focus"]["sink_tokens"] == 1
+    assert smollm2["centroids"]["steps"] == 30 and smollm2["centroids"]["lr"] == 1e-2
+    # The baseline inherits the model's own budget and overrides only the learning rate.
+    gpt2 = profile["models"]["tiny-gpt2"]
+    assert gpt2["centroids"]["steps"] == 10
+    assert gpt2["full_finetune"]["steps"] == 10 and gpt2["full_finetune"]["lr"] == 3e-5
+
+
+def test_paper_profile_resolves_with_hub_access(monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    paper = yaml.safe_load((ROOT / "configs" / "paper.yaml").read_text())
+    profile = resolve_profile(paper, SCHEMA)
+    assert {"gpt2", "llama-3.1-8b", "mistral-7b", "qwen2.5-1.5b", "gemma-2-2b"} <= set(profile["models"])
+
+
+def test_method_variant():
+    assert method_variant("pretrained") is None and method_variant("full_finetune") is None
+    assert method_variant("focus-hard") == ("focus", "hard")
+    assert method_variant("g32_w128-soft") == ("g32_w128", "soft")
+
+
+def _broken(change):
+    config = tiny()
+    change(config)
+    return config
+
+
+BAD = {
+    "unknown top-level key": (lambda c: c.update(modles={}), "Additional properties are not allowed ('modles'"),
+    "wrong type": (lambda c: c["train"].update(seq_len="512"), "train.seq_len: '512' is not of type 'integer'"),
+    "unknown FocusConfig key": (lambda c: c["focus"].update(windw=3), "unknown FocusConfig key 'windw'"),
+    "bad FocusConfig value": (lambda c: c["focus"].update(top_k=99), "FocusConfig.top_k (99) must be <= num_groups"),
+    "bad TrainConfig value": (lambda c: c["train"]["centroids"].update(lr=-1.0), "TrainConfig.lr must be"),
+    "unknown tiny family": (lambda c: c["models"]["smollm2"].update(source="tiny:bert"), "unknown tiny model family"),
+    "unknown model": (lambda c: c["models"]["smollm2"].update(source="no-such-model"), "unknown model 'no-such-model'"),
+    "missing split": (lambda c: c["perplexity"].update(domains=["books", "wikitext2"]) or c["data"]["domains"].pop("wikitext2"),
+                      "data.domains.wikitext2: the profile needs split 'test'"),
+    "reserved variant name": (lambda c: c.update(variants={"pretrained": {}}), "variants"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_profiles_fail_with_one_line_naming_the_key(case):
+    change, expected = BAD[case]
+    with pytest.raises(ConfigError) as info:
+        resolve_profile(_broken(change), SCHEMA)
+    message = str(info.value)
+    assert expected in message and "\n" not in message
+
+
+def test_missing_data_names_where_it_looked(tmp_path):
+    config = tiny()
+    config["data"]["mirror"] = str(tmp_path)
+    (tmp_path / "MANIFEST.json").write_text("{}")  # a mirror, but an empty one
+    with pytest.raises(ConfigError, match=f"data.domains.books: books split 'train' not found: .*{tmp_path}"):
+        resolve_profile(config, SCHEMA)
+
+
+def test_offline_hub_model_not_in_cache_is_refused(monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    config = copy.deepcopy(tiny())
+    config["models"]["smollm2"]["source"] = "nobody/not-a-cached-model"
+    with pytest.raises(ConfigError, match="not in the local hub cache and HF_HUB_OFFLINE=1"):
+        resolve_profile(config, SCHEMA)
