@@ -1,0 +1,234 @@
+"""The Snakemake pipeline, run for real: lint, dry runs of every profile, a minimal end-to-end run (real SmolLM2 and
+a tiny Qwen2), its W&B run file read back, the HTML report, --forcerun, and a training job killed and resumed."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from focus import wandb_file
+
+ROOT = Path(__file__).resolve().parent.parent
+SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile")]
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+MINI = {
+    "name": "mini",
+    "models": {"smollm2": {"source": "smollm2-135m-instruct"}, "tiny-qwen2": {"source": "tiny:qwen2"}},
+    "data": {"domains": {"books": ["train", "validation", "test"]}},
+    "focus": {"num_groups": 4, "window": 32, "top_k": 1},
+    "train": {
+        "domain": "books",
+        "seq_len": 128,
+        "calibration_rows": 2,
+        "eval_rows": 2,
+        "centroids": {"steps": 4, "batch_size": 2, "lr": 1e-2, "log_every": 1, "checkpoint_every": 2,
+                      "eval_batch_size": 2},
+        "full_finetune": {"lr": 3e-5, "checkpoint_every": 0},
+    },
+    "perplexity": {"domains": ["books"], "context_length": 128, "max_tokens": 1024, "batch_size": 4},
+}
+
+
+def snakemake(workdir: Path, *args: str, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    """Run snakemake on the repository's Snakefile in `workdir` (2 cores, offline unless `env` says otherwise)."""
+    environ = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", **(env or {})}
+    environ.pop("WANDB_MODE", None)
+    result = subprocess.run([*SNAKEMAKE, "--directory", str(workdir), "--cores", "2", *args], env=environ,
+                            capture_output=True, text=True, timeout=900)
+    if check and result.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return result
+
+
+def write_config(workdir: Path, config: dict) -> Path:
+    workdir.mkdir(parents=True, exist_ok=True)
+    path = workdir / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def job_counts(dry_run_output: str) -> dict[str, int]:
+    """{rule: count} from the "Job stats" table of a dry run."""
+    table = dry_run_output.split("Job stats:")[1].split("total")[0]
+    return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, flags=re.M)}
+
+
+# ---- static checks -------------------------------------------------------------------------------------------
+
+
+def test_lint(tmp_path):
+    result = snakemake(tmp_path, "--lint", check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Congratulations, your workflow is in a good condition!" in result.stdout + result.stderr
+
+
+def test_dry_run_of_the_default_profile_plans_every_stage(tmp_path):
+    counts = job_counts(snakemake(tmp_path, "-n").stdout)
+    models, domains, methods = 5, 2, 4  # configs/tiny.yaml
+    assert counts["tokenize"] == models * domains
+    assert counts["train_focus"] == models and counts["train_full_finetune"] == models
+    assert counts["perplexity"] == models * methods * domains
+    assert counts["tables"] == counts["figures"] == counts["wandb_report"] == counts["notebook"] == 1
+
+
+def test_paper_profile_dry_runs_on_the_slurm_executor_with_gpu_resources(tmp_path):
+    online = {"HF_HUB_OFFLINE": "0", "HF_DATASETS_OFFLINE": "0"}  # as on a cluster with hub access
+    result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "paper.yaml"),
+                       "--workflow-profile", str(ROOT / "profiles" / "slurm"), "-n", "--jobs", "4", env=online)
+    counts = job_counts(result.stdout)
+    assert counts["train_focus"] == 8 and counts["perplexity"] == 8 * 4
+    train_jobs = [block for block in result.stdout.split("\n\n") if "rule train_focus:" in block]
+    assert len(train_jobs) == 8 and all(re.search(r"resources:.*gpu=1", job) for job in train_jobs)
+    assert all("slurm_partition=gpu" in job for job in train_jobs)
+
+
+def test_bad_config_is_one_line_before_any_job(tmp_path):
+    config = json.loads(json.dumps(MINI))
+    config["focus"]["windw"] = 3
+    result = snakemake(tmp_path, "--configfile", str(write_config(tmp_path, config)), check=False)
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and errors[0].startswith("config error: models.smollm2 variant focus: ")
+    assert "unknown FocusConfig key 'windw'" in errors[0] and "Traceback" not in result.stderr
+    assert not (tmp_path / "results").exists()
+
+
+# ---- a real run of a minimal profile -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mini_run(tmp_path_factory):
+    """The minimal profile run end to end once, plus its HTML report; returns (workdir, results folder)."""
+    workdir = tmp_path_factory.mktemp("mini")
+    config = write_config(workdir, MINI)
+    snakemake(workdir, "--configfile", str(config))
+    snakemake(workdir, "--configfile", str(config), "--report", str(workdir / "report.html"))
+    return workdir, workdir / "results" / "mini"
+
+
+@pytest.mark.slow
+def test_minimal_run_writes_sane_artifacts(mini_run):
+    _, results = mini_run
+    table = pd.read_csv(results / "tables" / "perplexity.csv")
+    assert len(table) == 2 * 4  # models x methods, one domain
+    ppl = table.set_index(["model", "method"])["perplexity"]
+    assert 10 < ppl["smollm2", "pretrained"] < 60  # SmolLM2 on books text at context 128
+    for method in ("full_finetune", "focus-soft", "focus-hard"):
+        assert ppl["smollm2", "pretrained"] / 2 < ppl["smollm2", method] < ppl["smollm2", "pretrained"] * 2
+    assert all(30_000 < ppl["tiny-qwen2", method] < 80_000 for method in table["method"].unique())  # random init
+
+    training = pd.read_csv(results / "tables" / "training.csv").set_index(["model", "variant"])
+    assert training.loc[("smollm2", "focus"), "trainable_parameters"] == 30 * 3 * 4 * 64  # layers x kv x G x D
+    assert training.loc[("smollm2", "full_finetune"), "trainable_parameters"] > 100_000_000
+    assert (training["tokens"] == 4 * 2 * 128).all() and not training["resumed"].any()
+    assert all(math.isfinite(loss) for loss in training["train_loss"])
+    assert "| model" in (results / "tables" / "perplexity.md").read_text()
+    for figure in ("loss_curves", "perplexity"):
+        assert (results / "figures" / f"{figure}.png").stat().st_size > 10_000
+        assert (results / "figures" / f"{figure}.svg").read_text().lstrip().startswith("<?xml")
+
+    summary = json.loads((results / "train" / "smollm2" / "focus" / "summary.json").read_text())
+    assert summary["provenance"]["git_commit"] and summary["provenance"]["packages"]["torch"]
+    assert summary["focus_config"]["window"] == 32
+    assert not (results / "train" / "smollm2" / "focus" / "run").exists()  # checkpoint folder removed when done
+    adapter = json.loads((results / "train" / "smollm2" / "focus" / "adapter" / "focus_config.json").read_text())
+    assert adapter["base_model"] == "smollm2-135m-instruct"
+
+    executed = json.loads((results / "notebooks" / "results.ipynb").read_text())
+    outputs = [out for cell in executed["cells"] if cell["cell_type"] == "code" for out in cell["outputs"]]
+    assert not [out for out in outputs if out["output_type"] == "error"] and len(outputs) >= 5
+
+
+@pytest.mark.slow
+def test_wandb_run_file_holds_every_table_and_figure(mini_run):
+    _, results = mini_run
+    record = json.loads((results / "wandb" / "report.json").read_text())
+    assert record["mode"] == "offline"
+    run_file = Path(record["run_file"])
+    assert run_file.is_relative_to(results / "wandb")
+    media = wandb_file.logged_media(run_file)
+    assert media == {"tables/perplexity": "table-file", "tables/training": "table-file",
+                     "figures/loss_curves": "image-file", "figures/perplexity": "image-file"}
+    # One run per training job, mirroring its metrics.jsonl step for step.
+    assert len(list((results / "wandb").glob("offline-run-*/run-*.wandb"))) == 1 + 2 * 2  # report + 2 x 2 trainings
+    train = json.loads((results / "wandb" / "train" / "smollm2" / "focus.json").read_text())
+    assert wandb_file.run_config(train["run_file"])["model"] == "smollm2"
+    metrics = [json.loads(line) for line in (results / "train" / "smollm2" / "focus" / "metrics.jsonl").open()]
+    logged = wandb_file.history(train["run_file"])
+    assert [row["_step"] for row in logged] == [row["step"] for row in metrics]
+    assert [row.get("train/loss") for row in logged] == [row.get("train/loss") for row in metrics]
+
+
+@pytest.mark.slow
+def test_html_report_embeds_tables_and_figures(mini_run):
+    workdir, _ = mini_run
+    html = (workdir / "report.html").read_text()
+    for name in ("perplexity.csv", "training.csv", "loss_curves.png", "perplexity.png"):
+        assert name in html
+
+
+@pytest.mark.slow
+def test_forcerun_rebuilds_only_the_rule_and_its_dependants(mini_run):
+    workdir, results = mini_run
+    config = str(workdir / "config.yaml")
+    planned = job_counts(snakemake(workdir, "--configfile", config, "-n", "--forcerun", "train_focus").stdout)
+    assert planned == {"train_focus": 2, "perplexity": 2 * 2, "tables": 1, "figures": 1, "wandb_report": 1,
+                       "notebook": 1, "all": 1}  # not tokenize, the baselines, or their perplexities
+
+    files = [p for p in results.rglob("*") if p.is_file() and "wandb" not in p.parts]
+    before = {p: p.stat().st_mtime_ns for p in files}
+    snakemake(workdir, "--configfile", config, "--forcerun", "figures")
+    changed = {p.relative_to(results).as_posix() for p in files if p.stat().st_mtime_ns != before[p]}
+    assert changed == {"figures/loss_curves.png", "figures/loss_curves.svg", "figures/perplexity.png",
+                       "figures/perplexity.svg", "notebooks/results.ipynb", "logs/figures.log", "logs/notebook.log",
+                       "logs/wandb_report.log"}
+
+
+# ---- a training job killed mid-run resumes -------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_killed_training_job_resumes_from_its_checkpoint(tmp_path):
+    config = json.loads(json.dumps(MINI))
+    config.update(name="resume", models={"tiny-llama": {"source": "tiny:llama"}})
+    config["train"].update(full_finetune=None, seq_len=64)
+    config["train"]["centroids"].update(steps=300, checkpoint_every=20, log_every=10)
+    path = str(write_config(tmp_path, config))
+    run = tmp_path / "results" / "resume" / "train" / "tiny-llama" / "focus"
+    target = str((run / "summary.json").relative_to(tmp_path))  # targets are relative to --directory
+
+    environ = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    command = [*SNAKEMAKE, target, "--directory", str(tmp_path), "--cores", "2", "--configfile", path]
+    output = open(tmp_path / "first.log", "w")
+    first = subprocess.Popen(command, env=environ, stdout=output, stderr=output, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while not (run / "run" / "checkpoint.pt").exists():
+        ended = first.poll() is not None or time.monotonic() > deadline
+        assert not ended, f"training ended before its first checkpoint:\n{(tmp_path / 'first.log').read_text()}"
+        time.sleep(0.2)
+    time.sleep(1.0)
+    os.killpg(first.pid, signal.SIGKILL)  # the whole job: snakemake and its script
+    first.wait()
+    assert not (run / "summary.json").exists()
+
+    snakemake(tmp_path, "--unlock", "--configfile", path)  # a killed snakemake leaves its lock, as documented
+    snakemake(tmp_path, target, "--configfile", path)  # the default profile sets rerun-incomplete
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["resumed"] is True and summary["final"]["step"] == 300
+    log = (tmp_path / "results" / "resume" / "logs" / "train_focus" / "tiny-llama" / "focus.log").read_text()
+    assert re.search(r"resuming from .*checkpoint\.pt at step [1-9]\d* of 300", log)
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(set(steps)) and steps[-1] == 300  # no step logged twice across the kill

@@ -1,0 +1,56 @@
+TRAIN = P["train"]
+
+
+rule train_focus:
+    """Retrofit Focus and train only the centroids; resumes from run/checkpoint.pt when a killed job re-runs."""
+    conda:
+        ENVIRONMENT
+    input:
+        tokens=train_tokens,
+    output:
+        adapter=directory(f"{R}/train/{{model}}/{{variant}}/adapter"),
+        metrics=f"{R}/train/{{model}}/{{variant}}/metrics.jsonl",
+        summary=f"{R}/train/{{model}}/{{variant}}/summary.json",
+        wandb=f"{R}/wandb/train/{{model}}/{{variant}}.json",
+    log:
+        f"{R}/logs/train_focus/{{model}}/{{variant}}.log",
+    params:
+        source=model_source,
+        dtype=model_dtype,
+        focus=variant_focus,
+        train=centroid_training,
+        seq_len=TRAIN["seq_len"],
+        calibration_rows=TRAIN.get("calibration_rows", 8),
+        eval_rows=TRAIN.get("eval_rows", 0),
+        wandb=WANDB,
+        group=P["name"],
+    threads: 2
+    script:
+        "../scripts/train_focus.py"
+
+
+rule train_full_finetune:
+    """The full-attention baseline: every weight trained on the same rows, steps and batch size."""
+    conda:
+        ENVIRONMENT
+    input:
+        tokens=train_tokens,
+    output:
+        model=directory(f"{R}/train/{{model}}/full_finetune/model"),
+        metrics=f"{R}/train/{{model}}/full_finetune/metrics.jsonl",
+        summary=f"{R}/train/{{model}}/full_finetune/summary.json",
+        wandb=f"{R}/wandb/train/{{model}}/full_finetune.json",
+    log:
+        f"{R}/logs/train_full_finetune/{{model}}.log",
+    params:
+        source=model_source,
+        dtype=model_dtype,
+        train=full_finetune_training,
+        seq_len=TRAIN["seq_len"],
+        calibration_rows=TRAIN.get("calibration_rows", 8),
+        eval_rows=TRAIN.get("eval_rows", 0),
+        wandb=WANDB,
+        group=P["name"],
+    threads: 2
+    script:
+        "../scripts/train_full_finetune.py"

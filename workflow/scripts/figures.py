@@ -1,0 +1,12 @@
+"""Rule figures: loss curves and perplexity bars (PNG + SVG)."""
+
+from focus.experiments import start_job
+from focus.report import plot_figures
+
+start_job(snakemake.log[0], snakemake.threads)
+plot_figures(
+    metrics_files=snakemake.input.metrics,
+    perplexity_csv=snakemake.input.perplexity,
+    loss_curves=snakemake.output.loss_curves,
+    perplexity=snakemake.output.perplexity,
+)

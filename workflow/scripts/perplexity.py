@@ -1,0 +1,18 @@
+"""Rule perplexity: one (model, method, domain)."""
+
+from focus.experiments import evaluate_perplexity, start_job
+
+start_job(snakemake.log[0], snakemake.threads)
+evaluate_perplexity(
+    source=snakemake.params.source,
+    dtype=snakemake.params.dtype,
+    method=snakemake.wildcards.method,
+    tokens=snakemake.input.tokens,
+    output=snakemake.output[0],
+    context_length=snakemake.params.context_length,
+    stride=snakemake.params.stride,
+    max_tokens=snakemake.params.max_tokens,
+    batch_size=snakemake.params.batch_size,
+    trained=snakemake.input.get("trained"),
+    labels={"model": snakemake.wildcards.model, "domain": snakemake.wildcards.domain},
+)

@@ -1,0 +1,12 @@
+"""Rule tables: perplexity and training tables (CSV + Markdown)."""
+
+from focus.experiments import start_job
+from focus.report import write_tables
+
+start_job(snakemake.log[0], snakemake.threads)
+write_tables(
+    perplexity_records=snakemake.input.perplexity,
+    training_summaries=snakemake.input.training,
+    perplexity_csv=snakemake.output.perplexity,
+    training_csv=snakemake.output.training,
+)
