@@ -76,7 +76,8 @@ def write_tables(
 def plot_figures(
     metrics_files: list[str | Path], perplexity_csv: str | Path, loss_curves: str | Path, perplexity: str | Path
 ) -> None:
-    """Loss curves (one panel per model, one line per trained variant) and perplexity bars (one panel per
+    """Loss curves (one panel per model; per trained variant, train loss solid and validation loss dashed where
+    measured) and perplexity bars (one panel per
     model, bars per method, grouped by test corpus), each as PNG plus an SVG sibling."""
     import matplotlib
 
@@ -85,14 +86,18 @@ def plot_figures(
 
     curves: dict[str, dict[str, pd.DataFrame]] = {}
     for path in metrics_files:
-        rows = [json.loads(line) for line in Path(path).read_text().splitlines()]
-        frame = pd.DataFrame([row for row in rows if "train/loss" in row])
+        frame = pd.DataFrame([json.loads(line) for line in Path(path).read_text().splitlines()])
         curves.setdefault(Path(path).parent.parent.name, {})[Path(path).parent.name] = frame
     fig, axes = _panels(plt, len(curves))
     for ax, (model, variants) in zip(axes, curves.items()):
         for variant, frame in variants.items():
-            ax.plot(frame["step"], frame["train/loss"], marker="o", markersize=3, label=variant)
-        ax.set(title=model, xlabel="step", ylabel="train loss")
+            train = frame.dropna(subset=["train/loss"])
+            (line,) = ax.plot(train["step"], train["train/loss"], marker="o", markersize=3, label=f"{variant} train")
+            if "eval/loss" in frame:
+                evals = frame.dropna(subset=["eval/loss"])
+                ax.plot(evals["step"], evals["eval/loss"], linestyle="--", marker="s", color=line.get_color(),
+                        label=f"{variant} validation")
+        ax.set(title=model, xlabel="step", ylabel="loss")
         ax.legend(fontsize="small")
     _save(fig, loss_curves)
 

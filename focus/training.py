@@ -261,7 +261,7 @@ def train_centroids(
     batches_per_epoch = n_rows // config.batch_size
     epoch, perm = -1, None
     record: dict[str, Any] = {}
-    bar = tqdm(total=config.steps, initial=start_step, desc="focus train", disable=not progress, dynamic_ncols=True)
+    bar = tqdm(total=config.steps, initial=start_step, desc="train", disable=not progress, dynamic_ncols=True)
     metrics_file = open(output_dir / METRICS_NAME, "a", encoding="utf-8")
     try:
         tic = time.perf_counter()
