@@ -12,10 +12,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import FocusConfig
+from .decomposed import decomposed_hard_attention
 from .reference import causal_pairs, dense_attention, hard_allowed, sink_keys, soft_bias
 from .routing import inference_log_assign, routing_logits, sinkhorn, top_k_groups
 
 FOCUS_ATTENTION = "focus"
+DECOMPOSE_HARD_PREFILL = True
+"""Hard mode computes a full-sequence forward through `decomposed_hard_attention` where it applies (tests turn
+this off to compare against the dense masked path)."""
 
 
 def route(module: nn.Module, vectors: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
@@ -76,6 +80,9 @@ def focus_attention(
         bias, allowed = soft_bias(log_p_q, log_p, config.window, base_mask, config.gate_floor, sinks)
     else:
         groups = top_k_groups(log_p, config.top_k)
+        if _decomposable(query, key, softcap, dropout, kwargs.get("sliding_window")):
+            out = decomposed_hard_attention(query, key, value, groups, config.window, valid, sinks, scaling)
+            return out.transpose(1, 2).contiguous(), None
         allowed = hard_allowed(
             groups[:, :, k_len - q_len :], groups, config.num_groups, config.window, base_mask, sinks
         )
@@ -85,6 +92,20 @@ def focus_attention(
     else:
         out = sdpa_grouped(query, key, value, allowed, bias, scaling, dropout)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _decomposable(query, key, softcap, dropout, sliding_window) -> bool:
+    """Whether the decomposition computes this call: a whole sequence (no cached past), no gradient, and a
+    model mask that is only causal plus padding (no soft-capping, no model window shorter than the keys)."""
+    k_len = key.shape[-2]
+    return (
+        DECOMPOSE_HARD_PREFILL
+        and query.shape[-2] == k_len
+        and softcap is None
+        and dropout == 0.0
+        and (sliding_window is None or sliding_window >= k_len)
+        and not (torch.is_grad_enabled() and (query.requires_grad or key.requires_grad))
+    )
 
 
 def sdpa_grouped(

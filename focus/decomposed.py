@@ -1,0 +1,375 @@
+"""Hard top-k Focus attention as standard causal attention calls merged by log-sum-exp (no custom kernel).
+
+The hard pattern (reference.hard_allowed) keeps a pair (i, j <= i) of real tokens when i - j < window, or when
+the two share a group (sink keys share every group). It is computed as two parts whose pairs never overlap:
+
+- **group part**: tokens stably sorted by group; each group is one causal segment, attended with an unmasked
+  causal kernel that returns its log-sum-exp. With top-k > 1 a pair sharing m groups would be counted m times,
+  so segments are formed for every non-empty subset T of a token's groups (the tokens holding all of T) and
+  merged with sign (-1)^(|T|+1): by inclusion-exclusion each pair sharing a group counts exactly once. Top-1
+  needs only the group segments. Sink keys join every segment (as keys; as queries only where they belong).
+- **local part**: the pairs within the window that share no group (and are not sink keys), a band of width
+  `window` computed blockwise with an explicit mask: thin, so its mask is cheap, and the big group part stays
+  mask-free (a mask there costs most of the speed).
+
+Every allowed pair is counted exactly once, so merging both parts' (output, log-sum-exp) gives the dense
+masked reference. Forward only: hard mode is for inference (training uses the soft pattern).
+
+Backends for the group part: "flash" (flash-attn `flash_attn_varlen_func`, all segments in one call; CUDA)
+and "torch" (one `_scaled_dot_product_flash_attention_for_cpu`-style call per segment: PyTorch's fused causal
+kernel that also returns the log-sum-exp). `select_backend` picks once; `force_backend` overrides for tests.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+
+import torch
+import torch.nn.functional as F
+
+BACKENDS = ("flash", "torch")
+_forced: str | None = None
+
+
+def available_backends(device: torch.device | str = "cpu") -> list[str]:
+    """The backends that can run on `device` here."""
+    found = ["torch"]
+    if torch.device(device).type == "cuda" and _flash_varlen() is not None:
+        found.insert(0, "flash")
+    return found
+
+
+def select_backend(device: torch.device | str = "cpu") -> str:
+    """The forced backend if any, else the fastest available on `device` (flash-attn on CUDA when installed)."""
+    if _forced is not None:
+        return _forced
+    return available_backends(device)[0]
+
+
+def force_backend(name: str | None) -> None:
+    """Use backend `name` from now on (None: choose automatically again)."""
+    if name is not None and name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; known: {', '.join(BACKENDS)}")
+    global _forced
+    _forced = name
+
+
+@functools.cache
+def _flash_varlen():
+    try:
+        from flash_attn import flash_attn_varlen_func
+    except ImportError:
+        return None
+    return flash_attn_varlen_func
+
+
+def decomposed_hard_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    groups: torch.Tensor,
+    window: int,
+    valid: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    scaling: float | None = None,
+    backend: str | None = None,
+    block: int = 64,
+) -> torch.Tensor:
+    """Hard Focus attention of a full sequence (queries = keys, causal), decomposed.
+
+    Args:
+        query: (B, H, L, D); key, value: (B, K, L, D), H = K * R (grouped-query heads share their key's pattern).
+        groups: (B, K, L, k) long, the top-k group ids of every token (distinct per token).
+        window: local window w >= 1: pairs with i - j < w are kept.
+        valid: (B, L) bool, False for padding; None when nothing is padded.
+        sinks: (B or 1, L) bool sink keys (every group holds them); None for none.
+        scaling: softmax scale (default D ** -0.5).
+        backend: "flash" or "torch"; default `select_backend`.
+        block: query block length of the local part.
+
+    Returns:
+        (B, H, L, D) in the dtype of `query`; rows of padding queries are zero.
+    """
+    b, h, length, d = query.shape
+    k_heads = key.shape[1]
+    r = h // k_heads
+    scaling = d**-0.5 if scaling is None else scaling
+    backend = backend or select_backend(query.device)
+    if valid is None:
+        valid = torch.ones(b, length, dtype=torch.bool, device=query.device)
+    sinks = torch.zeros_like(valid) if sinks is None else sinks.expand(b, length) & valid
+    groups, _ = groups.sort(dim=-1)  # subsets are keyed by their sorted members
+
+    q = query.view(b, k_heads, r, length, d)  # (B, K, R, L, D)
+    local_out, local_lse = _local_part(q, key, value, groups, window, valid, sinks, scaling, block)
+    entries = _group_entries(groups, valid, sinks)
+    seg_out, seg_lse = _group_part(q, key, value, entries, scaling, backend)
+    out = _merge(local_out, local_lse, seg_out, seg_lse, entries, valid)  # (B, K, R, L, D)
+    return out.reshape(b, h, length, d).to(query.dtype)
+
+
+# ---- group part ------------------------------------------------------------------------------------------------
+
+
+class _Entries:
+    """The packed rows of every segment, sorted by (batch, head, subset, position).
+
+    head: (N,) flat batch*K + kv-head index; position: (N,) token position; sign: (N,) +-1 of the subset;
+    member: (N,) bool, the row's query output belongs to the merge (False for sink keys added as keys only);
+    lengths: segment lengths in row order.
+    """
+
+    def __init__(self, head, position, sign, member, lengths):
+        self.head, self.position, self.sign, self.member, self.lengths = head, position, sign, member, lengths
+
+
+def _group_entries(groups: torch.Tensor, valid: torch.Tensor, sinks: torch.Tensor) -> _Entries:
+    b, k_heads, length, top_k = groups.shape
+    device = groups.device
+    base = int(groups.max().item()) + 2 if groups.numel() else 2
+    code_span = base**top_k
+    # Every non-empty subset of a token's k groups, as (code, sign). A code is the base-(G+1) number of the
+    # subset's sorted members plus one, so equal subsets of different tokens get equal codes.
+    subsets = [c for size in range(1, top_k + 1) for c in itertools.combinations(range(top_k), size)]
+    codes = []
+    for members in subsets:
+        code = torch.zeros(b, k_heads, length, dtype=torch.long, device=device)
+        for slot in members:
+            code = code * base + groups[..., slot] + 1
+        codes.append(code)
+    code = torch.stack(codes, dim=-1)  # (B, K, L, S)
+    sign = torch.tensor([1 if len(m) % 2 else -1 for m in subsets], device=device).expand_as(code)
+    head = torch.arange(b * k_heads, device=device).view(b, k_heads, 1, 1).expand_as(code)
+    position = torch.arange(length, device=device).view(1, 1, length, 1).expand_as(code)
+    keep = valid[:, None, :, None].expand_as(code)
+    head, position, code, sign = head[keep], position[keep], code[keep], sign[keep]
+    member = torch.ones_like(head, dtype=torch.bool)
+
+    if sinks.any():
+        # Sink keys join, as keys only, every segment of their sequence they are not already members of.
+        segment = torch.unique(head * code_span + code)  # (S,) one key per (head, subset) present
+        seg_head, seg_code = segment // code_span, segment % code_span
+        sink_b, sink_pos = sinks.nonzero(as_tuple=True)
+        pair_seg, pair_sink = (seg_head[:, None] // k_heads == sink_b[None, :]).nonzero(as_tuple=True)
+        extra_head, extra_code, extra_pos = seg_head[pair_seg], seg_code[pair_seg], sink_pos[pair_sink]
+        own = torch.isin(_row_keys(extra_head, extra_code, extra_pos, code_span, length),
+                         _row_keys(head[position < sink_pos.max() + 1], code[position < sink_pos.max() + 1],
+                                   position[position < sink_pos.max() + 1], code_span, length))
+        extra_head, extra_code, extra_pos = extra_head[~own], extra_code[~own], extra_pos[~own]
+        head, code, position = torch.cat([head, extra_head]), torch.cat([code, extra_code]), torch.cat([position, extra_pos])
+        sign = torch.cat([sign, torch.ones_like(extra_head)])  # never used: key-only rows are not merged
+        member = torch.cat([member, torch.zeros_like(extra_head, dtype=torch.bool)])
+
+    keys = _row_keys(head, code, position, code_span, length)
+    order = torch.argsort(keys)
+    head, position, sign, member = head[order], position[order], sign[order], member[order]
+    _, lengths = torch.unique_consecutive(keys[order] // length, return_counts=True)  # one run per segment
+    return _Entries(head, position, sign, member, lengths.tolist())
+
+
+def _row_keys(head, code, position, code_span: int, length: int):
+    """A sortable int64 key per row: (head, code, position) lexicographically."""
+    return (head * code_span + code) * length + position
+
+
+def _group_part(q, key, value, entries: _Entries, scaling: float, backend: str):
+    """Causal attention within every segment of `entries`: outputs (N, R, D) fp32 and log-sum-exp (N, R)."""
+    b, k_heads, r, length, d = q.shape
+    batch_of, head_of = entries.head // k_heads, entries.head % k_heads
+    packed_q = q[batch_of, head_of, :, entries.position]  # (N, R, D)
+    packed_k = key[batch_of, head_of, entries.position]  # (N, D)
+    packed_v = value[batch_of, head_of, entries.position]  # (N, D)
+    if backend == "flash":
+        return _segments_flash(packed_q, packed_k, packed_v, entries.lengths, scaling)
+    return _segments_torch(packed_q, packed_k, packed_v, entries.lengths, scaling)
+
+
+def _segments_torch(packed_q, packed_k, packed_v, lengths: list[int], scaling: float, fill: float = 0.8):
+    """Causal attention within each segment, segments of similar length batched into one fused kernel call.
+
+    Segments are taken longest first; a batch holds segments at least `fill` times its longest, each padded at
+    its end to that length (padding is never seen by real queries: causal), so padding costs at most 1 - fill.
+    Batching matters: 16 causal calls of 4K tokens take 1.4x longer one by one than as one batch on 2 cores.
+    """
+    n, r, d = packed_q.shape
+    device = packed_q.device
+    out = torch.empty(n, r, d, dtype=torch.float32, device=device)
+    lse = torch.empty(n, r, dtype=torch.float32, device=device)
+    sizes = torch.tensor(lengths)
+    starts = sizes.cumsum(0) - sizes
+    order = torch.argsort(sizes, descending=True, stable=True).tolist()
+    attend = _cpu_causal if device.type == "cpu" else _causal_with_lse
+    first = 0
+    while first < len(order):
+        longest = lengths[order[first]]
+        last = first + 1
+        while last < len(order) and lengths[order[last]] >= fill * longest:
+            last += 1
+        batch = order[first:last]
+        offsets = torch.arange(longest)
+        rows = (starts[batch, None] + offsets).clamp_max(n - 1).to(device)  # (S, longest); tails read junk rows
+        real = (offsets < sizes[batch, None]).to(device)  # (S, longest)
+        q = packed_q[rows].permute(0, 2, 1, 3)  # (S, R, longest, D)
+        k = packed_k[rows][:, None].expand(-1, r, -1, -1)  # (S, R, longest, D), no copy per query head
+        v = packed_v[rows][:, None].expand(-1, r, -1, -1)
+        seg_out, seg_lse = attend(q, k, v, scaling)
+        out[rows[real]] = seg_out.permute(0, 2, 1, 3)[real].float()
+        lse[rows[real]] = seg_lse.permute(0, 2, 1)[real].float()
+        first = last
+    return out, lse
+
+
+def _cpu_causal(q, k, v, scaling):
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True, scale=scaling)
+
+
+def _causal_with_lse(q, k, v, scaling):
+    scores = (q.float() @ k.float().transpose(-1, -2)) * scaling
+    size = q.shape[-2]
+    scores.masked_fill_(torch.ones(size, size, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    lse = scores.logsumexp(dim=-1)
+    return (scores - lse[..., None]).exp() @ v.float(), lse
+
+
+def _segments_flash(packed_q, packed_k, packed_v, lengths: list[int], scaling: float):
+    """All segments in one flash-attn varlen call (CUDA; not runnable on the CPU machines this was written on).
+
+    flash-attn takes (total, heads, D) rows with cumulative segment offsets, handles the R query heads per key
+    head itself, and returns the log-sum-exp as (heads, total).
+    """
+    flash_varlen = _flash_varlen()
+    offsets = torch.tensor([0] + lengths, device=packed_q.device).cumsum(0).to(torch.int32)
+    dtype = packed_q.dtype if packed_q.dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
+    out, lse, _ = flash_varlen(
+        packed_q.to(dtype), packed_k[:, None].to(dtype), packed_v[:, None].to(dtype), offsets, offsets,
+        max(lengths), max(lengths), dropout_p=0.0, softmax_scale=scaling, causal=True, return_attn_probs=True,
+    )
+    return out.float(), lse.transpose(0, 1).float()  # (N, R, D), (N, R)
+
+
+# ---- local part ------------------------------------------------------------------------------------------------
+
+
+def _local_part(q, key, value, groups, window, valid, sinks, scaling, block, blocks_per_call: int = 32):
+    """Pairs with 0 <= i - j < window that share no group, j not a sink: outputs (B, K, R, L, D) fp32 and
+    log-sum-exp (B, K, R, L) (-inf where a query has no such pair).
+
+    Queries go in blocks of `block`; each block sees the `block + window - 1` keys it can reach, with the band
+    and group exclusions as an additive mask (cheap: the band is thin). Many blocks share one fused kernel call
+    as a batch, so Python overhead stays per `blocks_per_call` blocks.
+    """
+    b, k_heads, r, length, d = q.shape
+    pad, n_blocks = window - 1, -(-length // block)
+    span, tail = block + pad, n_blocks * block - length
+    q_pad = F.pad(q, (0, 0, 0, tail))  # (B, K, R, n*block, D)
+    q_blocks = q_pad.view(b, k_heads, r, n_blocks, block, d).permute(0, 1, 3, 2, 4, 5)  # (B, K, n, R, block, D)
+    # Keys padded in front by window - 1 so block i's keys are the plain slice [i*block, i*block + span).
+    k_blocks = F.pad(key, (0, 0, pad, tail)).unfold(2, span, block).transpose(-1, -2)  # (B, K, n, span, D)
+    v_blocks = F.pad(value, (0, 0, pad, tail)).unfold(2, span, block).transpose(-1, -2)
+    g_keys = F.pad(groups, (0, 0, pad, tail), value=-1).unfold(2, span, block).transpose(-1, -2)  # (B,K,n,span,k)
+    g_queries = F.pad(groups, (0, 0, 0, tail), value=-2).view(b, k_heads, n_blocks, block, -1)
+    keyable = F.pad(valid & ~sinks, (pad, tail), value=False).unfold(1, span, block)  # (B, n, span)
+    members_q = members_k = None
+    if groups.shape[-1] > 1 and int(groups.max()) < 63:
+        bits = (1 << groups.clamp_min(0)).sum(dim=-1)  # (B, K, L) int64: bit g set for each group g of the token
+        members_q = F.pad(bits, (0, tail)).view(b, k_heads, n_blocks, block)
+        members_k = F.pad(bits, (pad, tail)).unfold(2, span, block)  # (B, K, n, span); padding: no bits
+    distance = torch.arange(block, device=q.device)[:, None] + pad - torch.arange(span, device=q.device)[None, :]
+    band = (distance >= 0) & (distance < window)  # (block, span): i - j in [0, window)
+
+    kernel = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    out = torch.empty(b, k_heads, n_blocks, r, block, d, dtype=torch.float32, device=q.device)
+    lse = torch.empty(b, k_heads, n_blocks, r, block, dtype=torch.float32, device=q.device)
+    for first in range(0, n_blocks, blocks_per_call):
+        part = slice(first, min(first + blocks_per_call, n_blocks))
+        n = part.stop - part.start
+        if members_q is not None:  # top-k > 1: one AND of group bitmasks per pair
+            shared = (members_q[:, :, part, :, None] & members_k[:, :, part, None, :]) != 0
+        elif groups.shape[-1] == 1:
+            shared = g_queries[:, :, part, :, None, 0] == g_keys[:, :, part, None, :, 0]
+        else:  # more than 62 groups: compare every (query group, key group) pair
+            shared = (g_queries[:, :, part, :, None, :, None] == g_keys[:, :, part, None, :, None, :]).flatten(-2)
+            shared = shared.any(-1)
+        allowed = band & ~shared & keyable[:, None, part, None, :]  # (B, K, n, block, span)
+        mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill_(~allowed, float("-inf"))
+        rows = b * k_heads * n
+        q_part = q_blocks[:, :, part].reshape(rows, r, block, d)
+        k_part = k_blocks[:, :, part].reshape(rows, 1, span, d).expand(rows, r, span, d)
+        v_part = v_blocks[:, :, part].reshape(rows, 1, span, d).expand(rows, r, span, d)
+        if q.device.type == "cpu":
+            blk_out, blk_lse = kernel(q_part, k_part, v_part, 0.0, False, attn_mask=mask.view(rows, 1, block, span),
+                                      scale=scaling)
+        else:
+            blk_out, blk_lse = _masked_with_lse(q_part, k_part, v_part, mask.view(rows, 1, block, span), scaling)
+        # The kernel returns LSE 0 and output 0 for a row with no allowed key: mark those rows empty.
+        empty = ~allowed.any(dim=-1).view(rows, 1, block)
+        out[:, :, part] = blk_out.float().view(b, k_heads, n, r, block, d)
+        lse[:, :, part] = blk_lse.float().masked_fill(empty, float("-inf")).view(b, k_heads, n, r, block)
+    out = out.permute(0, 1, 3, 2, 4, 5).reshape(b, k_heads, r, n_blocks * block, d)[:, :, :, :length]
+    lse = lse.permute(0, 1, 3, 2, 4).reshape(b, k_heads, r, n_blocks * block)[:, :, :, :length]
+    return out, lse
+
+
+def _masked_with_lse(q, k, v, mask, scaling):
+    scores = (q.float() @ k.float().transpose(-1, -2)) * scaling + mask.float()
+    lse = scores.logsumexp(dim=-1)
+    weights = torch.where(torch.isfinite(lse)[..., None], (scores - lse[..., None]).exp(), 0.0)
+    return weights @ v.float(), lse
+
+
+# ---- merge -----------------------------------------------------------------------------------------------------
+
+
+def _merge(local_out, local_lse, seg_out, seg_lse, entries: _Entries, valid):
+    """Sum of every part's (signed) softmax mass per query, normalised: exact because no pair repeats."""
+    b, k_heads, r, length, d = local_out.shape
+    rows = entries.member
+    head, position = entries.head[rows], entries.position[rows]
+    sign = entries.sign[rows].to(torch.float32)[:, None]  # (M, 1)
+    seg_out, seg_lse = seg_out[rows], seg_lse[rows]  # (M, R, D), (M, R)
+    flat = head * length + position  # (M,) index into (B*K*L)
+
+    local_out = local_out.permute(0, 1, 3, 2, 4).reshape(b * k_heads * length, r, d)
+    local_lse = local_lse.permute(0, 1, 3, 2).reshape(b * k_heads * length, r)
+    peak = local_lse.clone()
+    peak.scatter_reduce_(0, flat[:, None].expand(-1, r), seg_lse, "amax")  # (B*K*L, R)
+    peak = torch.where(torch.isfinite(peak), peak, 0.0)
+    local_weight = (local_lse - peak).exp()  # exp(-inf) = 0 where the local part is empty
+    seg_weight = sign * (seg_lse - peak[flat]).exp()  # (M, R)
+    numerator = local_out * local_weight[..., None]
+    numerator.index_add_(0, flat, seg_out * seg_weight[..., None])
+    denominator = local_weight.clone()
+    denominator.index_add_(0, flat, seg_weight)
+    out = numerator / denominator[..., None].clamp_min(torch.finfo(torch.float32).tiny)
+    out = out.view(b, k_heads, length, r, d).permute(0, 1, 3, 2, 4)  # (B, K, R, L, D)
+    return out * valid[:, None, None, :, None]
+
+
+def pair_counts(length: int, window: int, groups: torch.Tensor, sink_tokens: int = 0) -> tuple[int, int]:
+    """(full causal pairs, pairs the hard Focus pattern keeps) for one head of one sequence.
+
+    Args:
+        groups: (L, k) group ids per token.
+    """
+    full = length * (length + 1) // 2
+    members = torch.zeros(length, int(groups.max()) + 1, dtype=torch.bool)
+    members.scatter_(1, groups, True)
+    kept = 0
+    for start in range(0, length, 4096):  # blocks keep the (block, L) mask small at 64K tokens
+        i = torch.arange(start, min(start + 4096, length))[:, None]
+        j = torch.arange(length)[None, :]
+        shared = (members[start : start + 4096].float() @ members.float().T) > 0
+        allowed = (j <= i) & ((i - j < window) | shared | (j < sink_tokens))
+        kept += int(allowed.sum())
+    return full, kept
+
+
+def theoretical_ratio(length: int, window: int, num_groups: int, top_k: int = 1) -> float:
+    """Full causal pairs over the expected pairs of Focus with balanced, independent top-k groups (no sinks)."""
+    full = length * (length + 1) / 2
+    local = window * length - window * (window - 1) / 2
+    share = 1 - math.comb(num_groups - top_k, top_k) / math.comb(num_groups, top_k)  # P(two tokens share a group)
+    distant = (full - local) * share
+    return full / (local + distant)

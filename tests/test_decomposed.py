@@ -1,0 +1,159 @@
+"""The two-call decomposition of hard Focus equals the dense masked reference, on every available backend."""
+
+import pytest
+import torch
+
+from focus.decomposed import (
+    available_backends,
+    decomposed_hard_attention,
+    force_backend,
+    pair_counts,
+    select_backend,
+    theoretical_ratio,
+)
+from focus.reference import causal_pairs, dense_attention, hard_allowed, sink_keys
+
+
+def random_groups(b, k_heads, length, num_groups, top_k, generator, empty=()):
+    """Distinct top-k group ids per token, never using the groups in `empty`."""
+    usable = torch.tensor([g for g in range(num_groups) if g not in empty])
+    scores = torch.rand(b, k_heads, length, len(usable), generator=generator)
+    return usable[scores.topk(top_k, dim=-1).indices]
+
+
+def reference(query, key, value, groups, num_groups, window, valid, sinks, scaling=None):
+    length = query.shape[-2]
+    base = causal_pairs(length, length)[None, None] & valid[:, None, None, :]
+    allowed = hard_allowed(groups, groups, num_groups, window, base, sinks)
+    return dense_attention(query, key, value, allowed, None, scaling)
+
+
+def inputs(b, h, k_heads, length, d, num_groups, top_k, seed=0, dtype=torch.float32, pad=0, empty=()):
+    g = torch.Generator().manual_seed(seed)
+    query = torch.randn(b, h, length, d, generator=g).to(dtype)
+    key = torch.randn(b, k_heads, length, d, generator=g).to(dtype)
+    value = torch.randn(b, k_heads, length, d, generator=g).to(dtype)
+    groups = random_groups(b, k_heads, length, num_groups, top_k, g, empty)
+    valid = torch.ones(b, length, dtype=torch.bool)
+    if pad:
+        valid[0, :pad] = False  # left padding of the first sequence
+    return query, key, value, groups, valid
+
+
+CASES = {
+    "top1 mha": dict(b=1, h=2, k_heads=2, length=97, d=16, num_groups=4, top_k=1, window=8, sink_tokens=0),
+    "top1 gqa sinks": dict(b=2, h=6, k_heads=2, length=130, d=8, num_groups=5, top_k=1, window=16, sink_tokens=1),
+    "top2 gqa": dict(b=1, h=4, k_heads=2, length=101, d=16, num_groups=6, top_k=2, window=5, sink_tokens=0),
+    "top2 sinks padding": dict(b=2, h=3, k_heads=1, length=77, d=8, num_groups=4, top_k=2, window=7, sink_tokens=2,
+                               pad=9),
+    "top3": dict(b=1, h=2, k_heads=1, length=64, d=8, num_groups=6, top_k=3, window=4, sink_tokens=1),
+    "window 1": dict(b=1, h=1, k_heads=1, length=50, d=8, num_groups=3, top_k=1, window=1, sink_tokens=0),
+    "window > length": dict(b=1, h=1, k_heads=1, length=40, d=8, num_groups=3, top_k=2, window=64, sink_tokens=1),
+    "empty groups": dict(b=1, h=2, k_heads=1, length=90, d=8, num_groups=8, top_k=2, window=6, sink_tokens=1,
+                         empty=(0, 3, 7)),
+    "odd length, one group": dict(b=1, h=1, k_heads=1, length=33, d=8, num_groups=1, top_k=1, window=3,
+                                  sink_tokens=0),
+}
+
+
+@pytest.mark.parametrize("backend", available_backends("cpu"))
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_matches_the_dense_reference(case, backend, one_thread):
+    spec = dict(CASES[case])
+    window, sink_tokens = spec.pop("window"), spec.pop("sink_tokens")
+    pad, empty = spec.pop("pad", 0), spec.pop("empty", ())
+    query, key, value, groups, valid = inputs(**spec, pad=pad, empty=empty)
+    sinks = sink_keys(valid, valid.shape[1], sink_tokens) if sink_tokens else None
+    expected = reference(query, key, value, groups, spec["num_groups"], window, valid, sinks)
+    got = decomposed_hard_attention(query, key, value, groups, window, valid, sinks, backend=backend, block=16)
+    rows = valid[:, None, :, None].expand_as(got)
+    torch.testing.assert_close(got[rows], expected[rows], atol=2e-6, rtol=1e-5)
+    assert (got[~rows] == 0).all()
+
+
+def test_block_size_does_not_matter(one_thread):
+    query, key, value, groups, valid = inputs(1, 2, 1, 150, 8, 4, 2, seed=3)
+    outs = [decomposed_hard_attention(query, key, value, groups, 9, valid, block=blk) for blk in (1, 7, 64, 256)]
+    for out in outs[1:]:
+        torch.testing.assert_close(out, outs[0], atol=1e-6, rtol=1e-5)
+
+
+def test_bfloat16_error_within_twice_the_reference_error(one_thread):
+    """flash-attn's rule: error vs an fp32 reference at most twice that of the same-precision reference."""
+    spec = dict(b=1, h=4, k_heads=2, length=200, d=32, num_groups=4, top_k=2)
+    query, key, value, groups, valid = inputs(**spec, seed=5)
+    sinks = sink_keys(valid, 200, 1)
+    exact = reference(query, key, value, groups, 4, 12, valid, sinks)
+    low = [t.bfloat16() for t in (query, key, value)]
+    ref_error = (reference(*low, groups, 4, 12, valid, sinks).float() - exact).abs().max()
+    ours = decomposed_hard_attention(*low, groups, 12, valid, sinks)
+    assert ours.dtype == torch.bfloat16
+    assert (ours.float() - exact).abs().max() <= 2 * ref_error
+
+
+def test_backend_is_picked_once_and_can_be_forced():
+    assert select_backend("cpu") == "torch"
+    force_backend("flash")
+    try:
+        assert select_backend("cpu") == "flash"
+    finally:
+        force_backend(None)
+    with pytest.raises(ValueError, match="unknown backend 'triton'"):
+        force_backend("triton")
+
+
+def test_pair_counts_and_theoretical_ratio():
+    length, window = 512, 32
+    groups = torch.arange(length)[:, None] % 8  # perfectly balanced, top-1
+    full, kept = pair_counts(length, window, groups)
+    brute = sum(1 for i in range(length) for j in range(i + 1) if i - j < window or groups[i, 0] == groups[j, 0])
+    assert full == length * (length + 1) // 2 and kept == brute
+    assert abs(full / kept - theoretical_ratio(length, window, 8)) / (full / kept) < 0.05
+
+
+# ---- inside a model ----------------------------------------------------------------------------------------------
+
+FAMILY_LENGTH = 40
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "mistral", "qwen2", "gemma2", "gemma3"])
+def test_hard_focus_model_logits_equal_the_dense_path(family, monkeypatch, one_thread):
+    """Whole-sequence forwards go through the decomposition; its logits equal the dense masked path's, with left
+    padding, for every family (Mistral's and Gemma's own sliding windows and Gemma 2's soft-capping take the dense
+    path by design: the decomposition is only used where the model mask is causal plus padding)."""
+    from focus import FocusConfig, apply_focus
+    from focus import attention as focus_attention_module
+    from focus.models import tiny_model
+
+    model = tiny_model(family, seed=0)
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, model.config.vocab_size, (2, FAMILY_LENGTH), generator=gen)
+    mask = torch.ones_like(ids)
+    mask[1, :6] = 0
+    apply_focus(model, FocusConfig(window=4, num_groups=4, top_k=2, mode="hard"), calibration_ids=ids)
+    calls = []
+    original = focus_attention_module.decomposed_hard_attention
+    monkeypatch.setattr(focus_attention_module, "decomposed_hard_attention",
+                        lambda *args, **kwargs: calls.append(1) or original(*args, **kwargs))
+    with torch.no_grad():
+        fast = model(input_ids=ids, attention_mask=mask).logits
+        monkeypatch.setattr(focus_attention_module, "DECOMPOSE_HARD_PREFILL", False)
+        dense = model(input_ids=ids, attention_mask=mask).logits
+    real = mask.bool()
+    torch.testing.assert_close(fast[real], dense[real], atol=2e-5, rtol=1e-4)
+    expected_calls = {"gpt2": 2, "llama": 2, "mistral": 0, "qwen2": 2, "gemma2": 0, "gemma3": 1}[family]
+    assert len(calls) == expected_calls  # layers that decomposed
+
+
+def test_generate_after_a_decomposed_prefill_matches_the_dense_path(monkeypatch, one_thread):
+    from focus import FocusConfig, apply_focus
+    from focus import attention as focus_attention_module
+    from focus.models import tiny_model
+
+    model = tiny_model("llama", seed=0)
+    ids = torch.randint(3, model.config.vocab_size, (1, 30), generator=torch.Generator().manual_seed(2))
+    apply_focus(model, FocusConfig(window=4, num_groups=4, top_k=2, mode="hard"), calibration_ids=ids)
+    settings = dict(max_new_tokens=12, do_sample=False)
+    fast = model.generate(ids, **settings)
+    monkeypatch.setattr(focus_attention_module, "DECOMPOSE_HARD_PREFILL", False)
+    assert torch.equal(fast, model.generate(ids, **settings))
