@@ -11,6 +11,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/benchmark.smk"
 include: "workflow/rules/report.smk"
 
 

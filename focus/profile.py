@@ -66,6 +66,12 @@ def resolve_profile(config: dict[str, Any], schema: dict[str, Any]) -> dict[str,
         f"{variant}-{mode}" for variant in variants for mode in MODES
     ]
     _check_data(config)
+    bench = config.get("benchmark")
+    if bench and bench.get("model") is not None and bench["model"] not in models:
+        raise ConfigError(f"benchmark.model: {bench['model']!r} is not one of this profile's models {sorted(models)}")
+    for where in ("settings", "prefill_settings"):
+        for groups, window, top_k in (bench or {}).get(where, []):
+            _focus_dict(f"benchmark.{where}", {"num_groups": groups, "window": window, "top_k": top_k})
     return profile
 
 

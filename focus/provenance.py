@@ -41,12 +41,22 @@ def device_info() -> dict[str, str | int]:
     info: dict[str, str | int] = {
         "python": platform.python_version(),
         "machine": platform.machine(),
+        "cpu": _cpu_name(),
         "cpu_threads": torch.get_num_threads(),
     }
     if torch.cuda.is_available():
         info["cuda_device"] = torch.cuda.get_device_name(0)
         info["cuda_devices"] = torch.cuda.device_count()
     return info
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+    except OSError:
+        names = []
+    return f"{names[0]} ({len(names)} logical cores)" if names else platform.processor() or platform.machine()
 
 
 def provenance() -> dict:

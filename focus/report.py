@@ -134,3 +134,34 @@ def _save(fig, png: str | Path) -> None:
 
 def _write_text(path: str | Path, text: str) -> None:
     atomic_write(Path(path), lambda tmp: Path(tmp).write_text(text))
+
+
+def write_speed_tables(attention: list[dict], prefill: list[dict], attention_csv: str | Path, prefill_csv: str | Path,
+                       device: str) -> None:
+    """Benchmark rows as CSV, each with a Markdown sibling headed by the device they were measured on."""
+    for rows, path in ((attention, attention_csv), (prefill, prefill_csv)):
+        frame = pd.DataFrame(rows)
+        _write_text(path, frame.to_csv(index=False))
+        body = frame.to_markdown(index=False, floatfmt=".3g") if len(frame) else "(not measured)"
+        _write_text(Path(path).with_suffix(".md"), f"Measured on: {device}\n\n{body}\n")
+
+
+def plot_speedup(attention_csv: str | Path, figure: str | Path) -> None:
+    """Measured speedup of the decomposition over full causal SDPA against sequence length, one line per
+    (groups, window, top-k), with the pair-count limit dashed in the same colour. PNG plus SVG sibling."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    frame = pd.read_csv(attention_csv)
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for (groups, window, top_k), part in frame.groupby(["groups", "window", "top_k"]):
+        (line,) = ax.plot(part["length"], part["speedup"], marker="o", label=f"G={groups} w={window} top-{top_k}")
+        ax.plot(part["length"], part["theoretical"], linestyle="--", color=line.get_color(), alpha=0.7)
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set(xscale="log", xlabel="sequence length (tokens)", ylabel="speedup over full causal SDPA",
+           title="Focus hard top-k, two-call decomposition (dashed: pair-count limit)")
+    ax.set_xticks(sorted(frame["length"].unique()), [f"{n // 1024}K" for n in sorted(frame["length"].unique())])
+    ax.legend(fontsize="small")
+    _save(fig, figure)

@@ -39,6 +39,8 @@ MINI = {
         "full_finetune": {"lr": 3e-5, "checkpoint_every": 0},
     },
     "perplexity": {"domains": ["books"], "context_length": 128, "max_tokens": 1024, "batch_size": 4},
+    "benchmark": {"lengths": [256, 512], "settings": [[4, 32, 1], [4, 32, 2]], "repeats": 1, "model": "tiny-qwen2",
+                  "prefill_lengths": [256], "prefill_settings": [[4, 32, 1]]},
 }
 
 
@@ -82,6 +84,7 @@ def test_dry_run_of_the_default_profile_plans_every_stage(tmp_path):
     assert counts["train_focus"] == models and counts["train_full_finetune"] == models
     assert counts["perplexity"] == models * methods * domains
     assert counts["tables"] == counts["figures"] == counts["wandb_report"] == counts["notebook"] == 1
+    assert counts["bench_attention"] == 1
 
 
 def test_paper_profile_dry_runs_on_the_slurm_executor_with_gpu_resources(tmp_path):
@@ -147,6 +150,11 @@ def test_minimal_run_writes_sane_artifacts(mini_run):
     adapter = json.loads((results / "train" / "smollm2" / "focus" / "adapter" / "focus_config.json").read_text())
     assert adapter["base_model"] == "smollm2-135m-instruct"
 
+    speed = pd.read_csv(results / "bench" / "attention.csv")
+    assert len(speed) == 2 * 2 and (speed["speedup"] > 0).all() and (speed["theoretical"] > 1).all()
+    assert len(pd.read_csv(results / "bench" / "prefill.csv")) == 1
+    assert (results / "bench" / "attention.md").read_text().startswith("Measured on: ")
+
     executed = json.loads((results / "notebooks" / "results.ipynb").read_text())
     outputs = [out for cell in executed["cells"] if cell["cell_type"] == "code" for out in cell["outputs"]]
     assert not [out for out in outputs if out["output_type"] == "error"] and len(outputs) >= 5
@@ -161,7 +169,9 @@ def test_wandb_run_file_holds_every_table_and_figure(mini_run):
     assert run_file.is_relative_to(results / "wandb")
     media = wandb_file.logged_media(run_file)
     assert media == {"tables/perplexity": "table-file", "tables/training": "table-file",
-                     "figures/loss_curves": "image-file", "figures/perplexity": "image-file"}
+                     "tables/attention": "table-file", "tables/prefill": "table-file",
+                     "figures/loss_curves": "image-file", "figures/perplexity": "image-file",
+                     "figures/speedup": "image-file"}
     # One run per training job, mirroring its metrics.jsonl step for step.
     assert len(list((results / "wandb").glob("offline-run-*/run-*.wandb"))) == 1 + 2 * 2  # report + 2 x 2 trainings
     train = json.loads((results / "wandb" / "train" / "smollm2" / "focus.json").read_text())
@@ -176,7 +186,7 @@ def test_wandb_run_file_holds_every_table_and_figure(mini_run):
 def test_html_report_embeds_tables_and_figures(mini_run):
     workdir, _ = mini_run
     html = (workdir / "report.html").read_text()
-    for name in ("perplexity.csv", "training.csv", "loss_curves.png", "perplexity.png"):
+    for name in ("perplexity.csv", "training.csv", "loss_curves.png", "perplexity.png", "speedup.png", "attention.csv"):
         assert name in html
 
 

@@ -71,6 +71,9 @@ def perplexity_files():
 
 TABLES = {name: f"{R}/tables/{name}.csv" for name in ("perplexity", "training")}
 FIGURES = {name: f"{R}/figures/{name}.png" for name in ("loss_curves", "perplexity")}
+if P.get("benchmark"):
+    TABLES.update(speed_attention=f"{R}/bench/attention.csv", speed_prefill=f"{R}/bench/prefill.csv")
+    FIGURES.update(speedup=f"{R}/figures/speedup.png")
 
 
 def final_targets():
@@ -96,6 +99,11 @@ def perplexity_inputs(wildcards):
     elif wildcards.method == FULL_FINETUNE:
         inputs["trained"] = f"{train_folder(wildcards.model, FULL_FINETUNE)}/model"
     return inputs
+
+
+def bench_model_source(wildcards):
+    name = (P.get("benchmark") or {}).get("model")
+    return None if name is None else P["models"][name]["source"]
 
 
 def model_source(wildcards):

@@ -1,0 +1,205 @@
+"""Speed of hard Focus against full causal attention, both sides timed in the same process.
+
+`attention_rows` times one attention layer (full causal SDPA, flash-attn where present, and the Focus
+decomposition) across sequence lengths and (groups, window, top-k), with the pair-count ratio as the
+theoretical limit. `prefill_rows` times a model's whole-prompt forward, unmodified against Focus hard.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from .decomposed import decomposed_hard_attention, pair_counts, select_backend
+from .reference import sink_keys
+
+
+def median_seconds(call: Callable[[], object], repeats: int, device: torch.device) -> tuple[float, float]:
+    """(median seconds over `repeats` after one warm-up call, peak memory in GiB above the start)."""
+    call()
+    times = []
+    with _PeakMemory(device) as memory:
+        for _ in range(repeats):
+            _sync(device)
+            tic = time.perf_counter()
+            call()
+            _sync(device)
+            times.append(time.perf_counter() - tic)
+    return statistics.median(times), memory.peak_gib
+
+
+def balanced_groups(length: int, num_groups: int, top_k: int, heads: int, seed: int = 0) -> torch.Tensor:
+    """(1, heads, L, top_k) distinct random groups per token, uniform over groups (balanced in expectation)."""
+    scores = torch.rand(1, heads, length, num_groups, generator=torch.Generator().manual_seed(seed))
+    return scores.topk(top_k, dim=-1).indices
+
+
+def attention_rows(
+    lengths: list[int],
+    settings: list[tuple[int, int, int]],
+    heads: int = 1,
+    head_dim: int = 64,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    repeats: int = 3,
+    sink_tokens: int = 1,
+    progress: Callable[[str], None] = print,
+) -> list[dict]:
+    """One row per (length, (groups, window, top_k)): medians of full causal SDPA, flash-attn (CUDA, if
+    installed) and the Focus decomposition, the measured and theoretical (pair-count) ratios, peak memory."""
+    device = torch.device(device)
+    rows = []
+    for length in lengths:
+        gen = torch.Generator().manual_seed(length)
+        q, k, v = (torch.randn(1, heads, length, head_dim, generator=gen).to(device, dtype) for _ in range(3))
+        full_s, full_mem = median_seconds(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), repeats,
+                                          device)
+        flash_s = _flash_seconds(q, k, v, repeats, device)
+        for num_groups, window, top_k in settings:
+            groups = balanced_groups(length, num_groups, top_k, heads).to(device)
+            sinks = sink_keys(None, length, sink_tokens, device) if sink_tokens else None
+            focus_s, focus_mem = median_seconds(
+                lambda: decomposed_hard_attention(q, k, v, groups, window, None, sinks), repeats, device
+            )
+            full_pairs, focus_pairs = pair_counts(length, window, groups[0, 0].cpu(), sink_tokens)
+            row = {
+                "length": length, "heads": heads, "head_dim": head_dim, "dtype": str(dtype).removeprefix("torch."),
+                "groups": num_groups, "window": window, "top_k": top_k, "backend": select_backend(device),
+                "full_sdpa_s": full_s, "flash_attn_s": flash_s, "focus_s": focus_s,
+                "speedup": full_s / focus_s, "theoretical": full_pairs / focus_pairs,
+                "full_peak_gib": full_mem, "focus_peak_gib": focus_mem,
+            }
+            row["of_theoretical"] = row["speedup"] / row["theoretical"]
+            rows.append(row)
+            progress(f"L={length:>7} G={num_groups} w={window} k={top_k}: full {full_s:.3f}s focus {focus_s:.3f}s "
+                     f"-> {row['speedup']:.2f}x (pairs {row['theoretical']:.2f}x)")
+    return rows
+
+
+def prefill_rows(
+    model,
+    focus_settings: list[tuple[int, int, int]],
+    lengths: list[int],
+    repeats: int = 2,
+    progress: Callable[[str], None] = print,
+) -> list[dict]:
+    """Whole-prompt forward of `model` (random token ids, no KV cache, logits of the last token only):
+    unmodified against Focus hard top-k for each (groups, window, top_k). Focus is applied with random-token
+    k-means centroids (speed does not depend on training) and removed again afterwards."""
+    from .config import FocusConfig
+    from .retrofit import apply_focus, remove_focus
+
+    device = next(model.parameters()).device
+    rows = []
+    for length in lengths:
+        ids = torch.randint(0, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(0))
+        ids = ids.to(device)
+
+        def forward():
+            with torch.no_grad():
+                return model(input_ids=ids, use_cache=False, logits_to_keep=1)
+
+        base_s, base_mem = median_seconds(forward, repeats, device)
+        for num_groups, window, top_k in focus_settings:
+            apply_focus(model, FocusConfig(num_groups=num_groups, window=window, top_k=top_k, mode="hard"),
+                        calibration_ids=ids[:, :512])
+            try:
+                focus_s, focus_mem = median_seconds(forward, repeats, device)
+            finally:
+                remove_focus(model)
+            rows.append({"length": length, "groups": num_groups, "window": window, "top_k": top_k,
+                         "unmodified_s": base_s, "focus_s": focus_s, "speedup": base_s / focus_s,
+                         "unmodified_peak_gib": base_mem, "focus_peak_gib": focus_mem})
+            progress(f"prefill L={length}: unmodified {base_s:.2f}s focus(G={num_groups} w={window} k={top_k}) "
+                     f"{focus_s:.2f}s -> {base_s / focus_s:.2f}x")
+    return rows
+
+
+def _flash_seconds(q, k, v, repeats, device) -> float | None:
+    if device.type != "cuda":
+        return None
+    try:
+        from flash_attn import flash_attn_func
+    except ImportError:
+        return None
+    qf, kf, vf = (t.transpose(1, 2).to(torch.bfloat16) for t in (q, k, v))  # flash-attn wants (B, L, H, D)
+    return median_seconds(lambda: flash_attn_func(qf, kf, vf, causal=True), repeats, device)[0]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class _PeakMemory:
+    """Peak memory above the start of the block: CUDA allocator stats, or the process RSS sampled every 2 ms
+    on CPU (torch's CPU allocator keeps no statistics)."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.peak_gib = device, 0.0
+
+    def __enter__(self):
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._start = torch.cuda.memory_allocated(self.device)
+        else:
+            self._start, self._peak, self._stop = _rss(), _rss(), threading.Event()
+            self._thread = threading.Thread(target=self._sample, daemon=True)
+            self._thread.start()
+        return self
+
+    def _sample(self):
+        while not self._stop.wait(0.002):
+            self._peak = max(self._peak, _rss())
+
+    def __exit__(self, *exc):
+        if self.device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(self.device)
+        else:
+            self._stop.set()
+            self._thread.join()
+            peak = self._peak
+        self.peak_gib = max(0, peak - self._start) / 2**30
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def run_benchmark(
+    settings: dict,
+    model_source: str | None,
+    attention_csv: str | Path,
+    prefill_csv: str | Path,
+    figure: str | Path,
+    device: str | None = None,
+) -> None:
+    """The whole benchmark from a profile's `benchmark` section: attention rows, model prefill rows (when
+    `model_source` is given), their tables and the speedup figure."""
+    from .models import load_model
+    from .provenance import device_info
+    from .report import plot_speedup, write_speed_tables
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = getattr(torch, settings.get("dtype", "float32"))
+    attention = attention_rows(
+        settings["lengths"], [tuple(s) for s in settings["settings"]], settings.get("heads", 1),
+        settings.get("head_dim", 64), dtype, device, settings.get("repeats", 3),
+    )
+    prefill = []
+    if model_source:
+        model, _ = load_model(model_source, dtype, device)
+        prefill = prefill_rows(model, [tuple(s) for s in settings.get("prefill_settings", [[16, 256, 1]])],
+                               settings.get("prefill_lengths", [4096]), repeats=settings.get("repeats", 2))
+    info = device_info()
+    name = info.get("cuda_device") if device.startswith("cuda") else info["cpu"]
+    measured_on = f"{name}, {torch.get_num_threads()} torch threads, {str(dtype).removeprefix('torch.')}"
+    write_speed_tables(attention, prefill, attention_csv, prefill_csv, measured_on)
+    plot_speedup(attention_csv, figure)

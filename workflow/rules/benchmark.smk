@@ -1,0 +1,22 @@
+BENCH = P.get("benchmark")
+
+
+rule bench_attention:
+    """Hard Focus (two-call decomposition) against full causal attention, one layer and a model prefill."""
+    conda:
+        ENVIRONMENT
+    output:
+        attention=report(f"{R}/bench/attention.csv", caption="../report/bench_table.rst", category="Speed"),
+        attention_md=f"{R}/bench/attention.md",
+        prefill=report(f"{R}/bench/prefill.csv", caption="../report/bench_table.rst", category="Speed"),
+        prefill_md=f"{R}/bench/prefill.md",
+        figure=report(f"{R}/figures/speedup.png", caption="../report/speedup_figure.rst", category="Speed"),
+        figure_svg=f"{R}/figures/speedup.svg",
+    log:
+        f"{R}/logs/bench_attention.log",
+    params:
+        bench=BENCH,
+        model_source=bench_model_source,
+    threads: workflow.cores  # alone on the machine: timings are not shared with other jobs
+    script:
+        "../scripts/bench_attention.py"

@@ -1,0 +1,13 @@
+"""Rule bench_attention: attention and prefill speed, tables and figure."""
+
+from focus.benchmark import run_benchmark
+from focus.experiments import start_job
+
+start_job(snakemake.log[0], snakemake.threads)
+run_benchmark(
+    settings=snakemake.params.bench,
+    model_source=snakemake.params.model_source,
+    attention_csv=snakemake.output.attention,
+    prefill_csv=snakemake.output.prefill,
+    figure=snakemake.output.figure,
+)
