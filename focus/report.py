@@ -70,7 +70,7 @@ def write_tables(
     _write_text(Path(perplexity_csv).with_suffix(".md"), perplexity_markdown(frame))
     training = training_frame(training_summaries)
     _write_text(training_csv, training.to_csv(index=False))
-    _write_text(Path(training_csv).with_suffix(".md"), training.to_markdown(index=False, floatfmt=".4g") + "\n")
+    _write_text(Path(training_csv).with_suffix(".md"), _markdown(training, ".4g") + "\n")
 
 
 def plot_figures(
@@ -114,6 +114,13 @@ def plot_figures(
     _save(fig, perplexity)
 
 
+def _markdown(frame: pd.DataFrame, floatfmt: str) -> str:
+    """A Markdown table: integer columns as integers, floats by `floatfmt`. (tabulate reads an all-numeric frame
+    as one float array and would print 16384 as 1.64e+04; object columns keep each value's type.)"""
+    formats = ["d" if pd.api.types.is_integer_dtype(dtype) else floatfmt for dtype in frame.dtypes]
+    return frame.astype(object).to_markdown(index=False, floatfmt=formats)
+
+
 def _panels(plt, count: int):
     columns = min(count, 3)
     rows = -(-count // columns)
@@ -142,7 +149,7 @@ def write_speed_tables(attention: list[dict], prefill: list[dict], attention_csv
     for rows, path in ((attention, attention_csv), (prefill, prefill_csv)):
         frame = pd.DataFrame(rows)
         _write_text(path, frame.to_csv(index=False))
-        body = frame.to_markdown(index=False, floatfmt=".3g") if len(frame) else "(not measured)"
+        body = _markdown(frame, ".3g") if len(frame) else "(not measured)"
         _write_text(Path(path).with_suffix(".md"), f"Measured on: {device}\n\n{body}\n")
 
 
@@ -160,8 +167,11 @@ def plot_speedup(attention_csv: str | Path, figure: str | Path) -> None:
         (line,) = ax.plot(part["length"], part["speedup"], marker="o", label=f"G={groups} w={window} top-{top_k}")
         ax.plot(part["length"], part["theoretical"], linestyle="--", color=line.get_color(), alpha=0.7)
     ax.axhline(1.0, color="grey", linewidth=0.8)
-    ax.set(xscale="log", xlabel="sequence length (tokens)", ylabel="speedup over full causal SDPA",
+    ax.set_xscale("log", base=2)
+    ax.minorticks_off()
+    lengths = sorted(frame["length"].unique())
+    ax.set_xticks(lengths, [f"{n // 1024}K" if n >= 1024 else str(n) for n in lengths])
+    ax.set(xlabel="sequence length (tokens)", ylabel="speedup over full causal SDPA",
            title="Focus hard top-k, two-call decomposition (dashed: pair-count limit)")
-    ax.set_xticks(sorted(frame["length"].unique()), [f"{n // 1024}K" for n in sorted(frame["length"].unique())])
     ax.legend(fontsize="small")
     _save(fig, figure)

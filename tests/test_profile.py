@@ -59,8 +59,12 @@ BAD = {
     "bad TrainConfig value": (lambda c: c["train"]["centroids"].update(lr=-1.0), "TrainConfig.lr must be"),
     "unknown tiny family": (lambda c: c["models"]["smollm2"].update(source="tiny:bert"), "unknown tiny model family"),
     "unknown model": (lambda c: c["models"]["smollm2"].update(source="no-such-model"), "unknown model 'no-such-model'"),
-    "missing split": (lambda c: c["perplexity"].update(domains=["books", "wikitext2"]) or c["data"]["domains"].pop("wikitext2"),
+    "missing split": (lambda c: c["data"]["domains"].pop("wikitext2"),
                       "data.domains.wikitext2: the profile needs split 'test'"),
+    "benchmark of an unknown model": (lambda c: c["benchmark"].update(model="gpt9"),
+                                      "benchmark.model: 'gpt9' is not one of this profile's models"),
+    "benchmark setting with top_k > groups": (lambda c: c["benchmark"].update(settings=[[2, 64, 3]]),
+                                              "benchmark.settings: FocusConfig.top_k (3) must be <= num_groups (2)"),
     "reserved variant name": (lambda c: c.update(variants={"pretrained": {}}), "variants"),
 }
 
