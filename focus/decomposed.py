@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -113,16 +114,14 @@ def decomposed_hard_attention(
 # ---- group part ------------------------------------------------------------------------------------------------
 
 
-class _Entries:
-    """The packed rows of every segment, sorted by (batch, head, subset, position).
+class _Entries(NamedTuple):
+    """The packed rows of every segment, sorted by (batch, head, subset, position)."""
 
-    head: (N,) flat batch*K + kv-head index; position: (N,) token position; sign: (N,) +-1 of the subset;
-    member: (N,) bool, the row's query output belongs to the merge (False for sink keys added as keys only);
-    lengths: segment lengths in row order.
-    """
-
-    def __init__(self, head, position, sign, member, lengths):
-        self.head, self.position, self.sign, self.member, self.lengths = head, position, sign, member, lengths
+    head: torch.Tensor  # (N,) batch * K + key/value head
+    position: torch.Tensor  # (N,) token position
+    sign: torch.Tensor  # (N,) +1 or -1: the inclusion-exclusion sign of the row's subset
+    member: torch.Tensor  # (N,) bool: the row's query output is merged (False: a sink added as a key only)
+    lengths: list[int]  # segment lengths, in row order
 
 
 def _group_entries(groups: torch.Tensor, valid: torch.Tensor, sinks: torch.Tensor) -> _Entries:
@@ -154,9 +153,9 @@ def _group_entries(groups: torch.Tensor, valid: torch.Tensor, sinks: torch.Tenso
         sink_b, sink_pos = sinks.nonzero(as_tuple=True)
         pair_seg, pair_sink = (seg_head[:, None] // k_heads == sink_b[None, :]).nonzero(as_tuple=True)
         extra_head, extra_code, extra_pos = seg_head[pair_seg], seg_code[pair_seg], sink_pos[pair_sink]
+        early = position <= sink_pos.max()  # only rows this early can be a sink's own rows
         own = torch.isin(_row_keys(extra_head, extra_code, extra_pos, code_span, length),
-                         _row_keys(head[position < sink_pos.max() + 1], code[position < sink_pos.max() + 1],
-                                   position[position < sink_pos.max() + 1], code_span, length))
+                         _row_keys(head[early], code[early], position[early], code_span, length))
         extra_head, extra_code, extra_pos = extra_head[~own], extra_code[~own], extra_pos[~own]
         head, code, position = torch.cat([head, extra_head]), torch.cat([code, extra_code]), torch.cat([position, extra_pos])
         sign = torch.cat([sign, torch.ones_like(extra_head)])  # never used: key-only rows are not merged

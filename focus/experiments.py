@@ -30,7 +30,7 @@ from .data import chunk_tokens, corpus_location, load_corpus, tokenize_corpus
 from .files import atomic_write, write_folder_atomically
 from .models import load_model, load_tokenizer
 from .perplexity import perplexity
-from .profile import FULL_FINETUNE, PRETRAINED, method_variant
+from .profile import FULL_FINETUNE, method_variant
 from .provenance import provenance
 from .retrofit import apply_focus, focus_parameter_count, set_focus_mode
 from .training import CHECKPOINT_NAME, METRICS_NAME, CheckpointError, TrainConfig, train_centroids
@@ -164,8 +164,6 @@ def evaluate_perplexity(
     if variant is not None:
         load_focus(model, trained)
         set_focus_mode(model, variant[1])
-    elif method != PRETRAINED and method != FULL_FINETUNE:
-        raise ValueError(f"unknown method {method!r}")
     ids = read_tokens(tokens, "test")
     ids = ids[:max_tokens] if max_tokens else ids
     tic = time.perf_counter()

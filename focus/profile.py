@@ -80,6 +80,8 @@ def method_variant(method: str) -> tuple[str, str] | None:
     if method in (PRETRAINED, FULL_FINETUNE):
         return None
     variant, _, mode = method.rpartition("-")
+    if not variant or mode not in MODES:
+        raise ValueError(f"unknown method {method!r}: not pretrained, full_finetune or <variant>-soft|hard")
     return variant, mode
 
 

@@ -43,6 +43,8 @@ def test_method_variant():
     assert method_variant("pretrained") is None and method_variant("full_finetune") is None
     assert method_variant("focus-hard") == ("focus", "hard")
     assert method_variant("g32_w128-soft") == ("g32_w128", "soft")
+    with pytest.raises(ValueError, match="unknown method 'focus-medium'"):
+        method_variant("focus-medium")
 
 
 def _broken(change):

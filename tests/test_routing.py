@@ -81,9 +81,9 @@ def test_routing_logits_are_scaled_cosines():
     vectors = torch.randn(2, 3, 5, 8)
     centroids = torch.randn(3, 4, 8)
     logits = routing_logits(vectors * 7.0, centroids, temperature=0.5)
-    b, h, l, g = 1, 2, 3, 1
-    expected = torch.nn.functional.cosine_similarity(vectors[b, h, l], centroids[h, g], dim=0) / 0.5
-    torch.testing.assert_close(logits[b, h, l, g], expected)
+    b, h, t, g = 1, 2, 3, 1
+    expected = torch.nn.functional.cosine_similarity(vectors[b, h, t], centroids[h, g], dim=0) / 0.5
+    torch.testing.assert_close(logits[b, h, t, g], expected)
     shared = routing_logits(vectors, centroids[:1], temperature=1.0)
     assert shared.shape == (2, 3, 5, 4)
     torch.testing.assert_close(shared[:, 2], routing_logits(vectors[:, 2:3], centroids[:1], 1.0)[:, 0])
