@@ -18,7 +18,8 @@ except ConfigError as err:
     raise SystemExit(f"config error: {err}")
 
 R = P["results"]
-ENVIRONMENT = "../../environment.yml"  # for --use-conda; scripts/install.sh makes the same environment as a venv
+# Names the software of every rule (scripts/install.sh builds the same environment as a venv); --use-conda untested.
+ENVIRONMENT = "../../environment.yml"
 MODELS = list(P["models"])
 DOMAINS = list(P["data"]["domains"])
 VARIANTS = list(P["variants"])
