@@ -13,6 +13,7 @@ from torch import nn
 
 from .config import FocusConfig
 from .decomposed import decomposed_hard_attention
+from .distributed import average_across_processes
 from .reference import causal_pairs, dense_attention, hard_allowed, sink_keys, soft_bias
 from .routing import inference_log_assign, routing_logits, sinkhorn, top_k_groups
 
@@ -41,7 +42,8 @@ def route(module: nn.Module, vectors: torch.Tensor, valid: torch.Tensor | None) 
         return inference_log_assign(logits, module.focus_group_bias)
     log_p, potential = sinkhorn(logits, config.sinkhorn_iters, None if valid is None else valid[:, None])
     with torch.no_grad():
-        step_mean = potential.mean(dim=0)  # (K, G)
+        # Every process of a data-parallel run keeps the same bias: the mean over the whole global batch.
+        step_mean = average_across_processes(potential.mean(dim=0))  # (K, G)
         if centroids.shape[0] == 1:  # shared centroids: one bias row for all heads
             step_mean = step_mean.mean(dim=0, keepdim=True)
         module.focus_group_bias.lerp_(step_mean.to(module.focus_group_bias.dtype), 1 - config.balance_momentum)
