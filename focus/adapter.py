@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
 from .config import FocusConfig, to_dict
-from .files import atomic_write
+from .files import atomic_write, write_json
 from .provenance import git_commit
 from .retrofit import apply_focus, attention_modules, focus_config, has_focus, head_shape
 
@@ -50,7 +50,7 @@ def save_focus(model: PreTrainedModel, directory: str | Path, base_model: str | 
         "git_commit": git_commit(),
     }
     atomic_write(directory / WEIGHTS_NAME, lambda path: save_file(tensors, str(path), metadata={"format": "pt"}))
-    atomic_write(directory / CONFIG_NAME, lambda path: path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n"))
+    write_json(directory / CONFIG_NAME, record)
     return directory
 
 

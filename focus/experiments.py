@@ -27,7 +27,7 @@ from safetensors.torch import save_file
 from .adapter import load_focus, read_adapter_config, save_focus
 from .config import FocusConfig, to_dict
 from .data import chunk_tokens, corpus_location, load_corpus, tokenize_corpus
-from .files import atomic_write, write_folder_atomically
+from .files import atomic_write, write_folder_atomically, write_json
 from .models import load_model, load_tokenizer
 from .perplexity import perplexity
 from .profile import FULL_FINETUNE, method_variant
@@ -99,7 +99,7 @@ def train_focus(
     record = _train(model, rows, TrainConfig.from_dict(train), Path(metrics), eval_data, progress)
     save_focus(model, adapter_dir, base_model=source)
     record.update(focus_config=to_dict(config), trainable_parameters=focus_parameter_count(model))
-    return _write_summary(summary, source, record)
+    return _write_summary(summary, source, record, Path(metrics))
 
 
 def train_full_finetune(
@@ -134,7 +134,7 @@ def train_full_finetune(
 
     write_folder_atomically(Path(model_dir), write)
     record["trainable_parameters"] = sum(p.numel() for p in model.parameters())
-    return _write_summary(summary, source, record)
+    return _write_summary(summary, source, record, Path(metrics))
 
 
 def evaluate_perplexity(
@@ -182,7 +182,7 @@ def evaluate_perplexity(
     }
     if variant is not None:
         record["focus_config"] = read_adapter_config(trained)["focus_config"]
-    _write_json(output, record)
+    write_json(output, record)
     return record
 
 
@@ -214,7 +214,7 @@ def _train(
     A checkpoint left there by a killed job is resumed; one written for other settings or data (the pipeline
     re-runs a job when its parameters change) is discarded with a warning, and training starts over.
     """
-    run_dir = metrics.parent / "run"
+    run_dir = _run_dir(metrics)
     resumed = (run_dir / CHECKPOINT_NAME).exists()
     tic = time.perf_counter()
     try:
@@ -234,19 +234,17 @@ def _train(
         "seq_len": rows.shape[1],
         "seconds": round(seconds, 1),
         "resumed": resumed,
-        "run_dir": str(run_dir),
     }
 
 
-def _write_summary(path: str | Path, source: str, record: dict) -> dict:
+def _run_dir(metrics: Path) -> Path:
+    """Where a training job checkpoints: beside its outputs, undeclared, so a killed job's state survives."""
+    return metrics.parent / "run"
+
+
+def _write_summary(path: str | Path, source: str, record: dict, metrics: Path) -> dict:
     """Write the training summary, then remove the run folder: its checkpoint has served its purpose."""
-    run_dir = Path(record.pop("run_dir"))
     record.update(source=source, provenance=provenance())
-    _write_json(path, record)
-    shutil.rmtree(run_dir, ignore_errors=True)
+    write_json(path, record)
+    shutil.rmtree(_run_dir(metrics), ignore_errors=True)
     return record
-
-
-def _write_json(path: str | Path, record: dict) -> None:
-    text = json.dumps(record, indent=2, sort_keys=True) + "\n"
-    atomic_write(Path(path), lambda tmp: Path(tmp).write_text(text))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -27,6 +28,18 @@ def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    """Write `text` to `path` atomically, creating the parent folder if needed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def write_json(path: str | os.PathLike, record: dict) -> None:
+    """Write `record` as indented JSON with sorted keys, atomically (a diff-friendly, self-describing record)."""
+    write_text(path, json.dumps(record, indent=2, sort_keys=True) + "\n")
 
 
 def write_folder_atomically(target: Path, write: Callable[[Path], None]) -> None:

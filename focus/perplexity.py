@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from .training import input_device
+
 
 def sliding_windows(num_tokens: int, context_length: int, stride: int) -> list[tuple[int, int, int]]:
     """The evaluation windows over a sequence of `num_tokens` tokens.
@@ -71,7 +73,7 @@ def token_nll(
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     windows = sliding_windows(input_ids.numel(), context_length, stride)
-    device = _device_of(model)
+    device = input_device(model)
     ids = input_ids.to(device=device, dtype=torch.long)
     nll = torch.full((input_ids.numel() - 1,), float("nan"), dtype=torch.float32)
 
@@ -125,7 +127,3 @@ def _score_batch(
         losses = F.cross_entropy(row_logits, targets, reduction="none")  # (scored,)
         nll[end - scored : end] = losses.cpu()  # entry i is position i + 1
 
-
-def _device_of(model) -> torch.device:
-    device = getattr(model, "device", None)
-    return device if isinstance(device, torch.device) else next(model.parameters()).device

@@ -35,7 +35,7 @@ def resolve_profile(config: dict[str, Any], schema: dict[str, Any]) -> dict[str,
         ConfigError: one line naming the key and what is wrong with it.
     """
     _check_schema(config, schema)
-    profile = {key: value for key, value in config.items()}
+    profile = dict(config)
     profile["results"] = f"results/{config['name']}"
     variants = config.get("variants") or {"focus": {}}
     train = config["train"]

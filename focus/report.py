@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .files import atomic_write
+from .files import atomic_write, write_text
 
 # Column order of the perplexity pivot: baselines first, then Focus variants as they come.
 _BASELINES = ("pretrained", "full_finetune")
@@ -66,11 +66,11 @@ def write_tables(
 ) -> None:
     """Write the perplexity and training tables as CSV, each with a `.md` sibling."""
     frame = perplexity_frame(perplexity_records)
-    _write_text(perplexity_csv, frame.to_csv(index=False))
-    _write_text(Path(perplexity_csv).with_suffix(".md"), perplexity_markdown(frame))
+    write_text(perplexity_csv, frame.to_csv(index=False))
+    write_text(Path(perplexity_csv).with_suffix(".md"), perplexity_markdown(frame))
     training = training_frame(training_summaries)
-    _write_text(training_csv, training.to_csv(index=False))
-    _write_text(Path(training_csv).with_suffix(".md"), _markdown(training, ".4g") + "\n")
+    write_text(training_csv, training.to_csv(index=False))
+    write_text(Path(training_csv).with_suffix(".md"), _markdown(training, ".4g") + "\n")
 
 
 def plot_figures(
@@ -139,8 +139,6 @@ def _save(fig, png: str | Path) -> None:
     plt.close(fig)
 
 
-def _write_text(path: str | Path, text: str) -> None:
-    atomic_write(Path(path), lambda tmp: Path(tmp).write_text(text))
 
 
 def write_speed_tables(attention: list[dict], prefill: list[dict], attention_csv: str | Path, prefill_csv: str | Path,
@@ -148,9 +146,9 @@ def write_speed_tables(attention: list[dict], prefill: list[dict], attention_csv
     """Benchmark rows as CSV, each with a Markdown sibling headed by the device they were measured on."""
     for rows, path in ((attention, attention_csv), (prefill, prefill_csv)):
         frame = pd.DataFrame(rows)
-        _write_text(path, frame.to_csv(index=False))
+        write_text(path, frame.to_csv(index=False))
         body = _markdown(frame, ".3g") if len(frame) else "(not measured)"
-        _write_text(Path(path).with_suffix(".md"), f"Measured on: {device}\n\n{body}\n")
+        write_text(Path(path).with_suffix(".md"), f"Measured on: {device}\n\n{body}\n")
 
 
 def plot_speedup(attention_csv: str | Path, figure: str | Path) -> None:

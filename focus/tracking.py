@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .files import atomic_write
+from .files import write_json
 
 
 def open_run(
@@ -114,9 +114,7 @@ def _finish(run, record: str | Path, fields: dict) -> dict:
     run.finish()
     found = run_file_in(folder)
     entry = {"id": run.id, "mode": mode, "folder": str(folder), "run_file": str(found) if found else None, **fields}
-    text = json.dumps(entry, indent=2, sort_keys=True) + "\n"
-    Path(record).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(Path(record), lambda tmp: Path(tmp).write_text(text))
+    write_json(record, entry)
     return entry
 
 

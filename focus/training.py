@@ -156,7 +156,7 @@ def evaluate_loss(model: nn.Module, data: torch.Tensor, batch_size: int = 8) -> 
         raise ValueError(f"evaluate_loss batch_size must be >= 1, got {batch_size}")
     _check_tokens("eval_data", data, model, min_rows=1)
     model.eval()
-    device = _input_device(model)
+    device = input_device(model)
     total = 0.0  # a Python float: float64 sums on every device (MPS has no float64 tensors)
     for start in range(0, data.shape[0], batch_size):
         chunk = data[start : start + batch_size].to(device)  # (b, L)
@@ -256,7 +256,7 @@ def train_centroids(
     for name in (CHECKPOINT_NAME, METRICS_NAME):  # temp files of a run killed while writing them
         (output_dir / f"{name}.tmp").unlink(missing_ok=True)
     _truncate_metrics(output_dir / METRICS_NAME, start_step)
-    device = _input_device(model)
+    device = input_device(model)
     n_rows, seq_len = data.shape
     batches_per_epoch = n_rows // config.batch_size
     epoch, perm = -1, None
@@ -390,7 +390,8 @@ def _check_tokens(name: str, data: Any, model: nn.Module, min_rows: int) -> None
         )
 
 
-def _input_device(model: nn.Module) -> torch.device:
+def input_device(model: nn.Module) -> torch.device:
+    """Where a model wants its input ids: the device of its input embeddings (the first parameter otherwise)."""
     embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     if embeddings is not None and getattr(embeddings, "weight", None) is not None:
         return embeddings.weight.device
