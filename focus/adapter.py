@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
 from .config import FocusConfig, to_dict
+from .distributed import barrier, copy_full_, full_state, is_main_process
 from .files import atomic_write, write_json
 from .provenance import git_commit
 from .retrofit import apply_focus, attention_modules, focus_config, has_focus, head_shape
@@ -27,30 +27,35 @@ FORMAT = "focus-adapter/1"
 
 
 def save_focus(model: PreTrainedModel, directory: str | Path, base_model: str | None = None) -> Path:
-    """Write the model's Focus adapter to `directory` (created if needed); returns the folder."""
+    """Write the model's Focus adapter to `directory` (created if needed); returns the folder.
+
+    A model sharded over processes: every process calls it (the centroids are gathered whole), process 0 writes.
+    """
     if not has_focus(model):
         raise ValueError("model has no Focus to save; call apply_focus first")
     from . import __version__
 
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     modules = attention_modules(model)
     tensors = {}
     for i, module in enumerate(modules):
-        tensors[f"layers.{i}.centroids"] = module.focus_centroids.detach().float().cpu().contiguous()
-        tensors[f"layers.{i}.group_bias"] = module.focus_group_bias.detach().float().cpu().contiguous()
-    record = {
-        "format": FORMAT,
-        "focus_config": to_dict(focus_config(model)),
-        "base_model": base_model or getattr(model.config, "_name_or_path", "") or "unknown",
-        "model_type": model.config.model_type,
-        "num_layers": len(modules),
-        "centroid_shape": list(modules[0].focus_centroids.shape),
-        "focus_version": __version__,
-        "git_commit": git_commit(),
-    }
-    atomic_write(directory / WEIGHTS_NAME, lambda path: save_file(tensors, str(path), metadata={"format": "pt"}))
-    write_json(directory / CONFIG_NAME, record)
+        tensors[f"layers.{i}.centroids"] = full_state(module.focus_centroids.detach()).float().cpu().contiguous()
+        tensors[f"layers.{i}.group_bias"] = full_state(module.focus_group_bias.detach()).float().cpu().contiguous()
+    if is_main_process():
+        record = {
+            "format": FORMAT,
+            "focus_config": to_dict(focus_config(model)),
+            "base_model": base_model or getattr(model.config, "_name_or_path", "") or "unknown",
+            "model_type": model.config.model_type,
+            "num_layers": len(modules),
+            "centroid_shape": list(modules[0].focus_centroids.shape),
+            "focus_version": __version__,
+            "git_commit": git_commit(),
+        }
+        directory.mkdir(parents=True, exist_ok=True)
+        atomic_write(directory / WEIGHTS_NAME, lambda path: save_file(tensors, str(path), metadata={"format": "pt"}))
+        write_json(directory / CONFIG_NAME, record)
+    barrier()  # on return the adapter is there, for every process
     return directory
 
 
@@ -82,9 +87,8 @@ def load_focus(model: PreTrainedModel, directory: str | Path) -> PreTrainedModel
         apply_focus(model, config, init_centroids=False)
     elif focus_config(model).num_groups != config.num_groups or focus_config(model).shared_centroids != config.shared_centroids:
         raise ValueError(f"model's Focus layout differs from the adapter at {directory}; call remove_focus first")
-    with torch.no_grad():
-        for i, module in enumerate(attention_modules(model)):
-            module.focus_config = config
-            module.focus_centroids.copy_(tensors[f"layers.{i}.centroids"])
-            module.focus_group_bias.copy_(tensors[f"layers.{i}.group_bias"])
+    for i, module in enumerate(attention_modules(model)):
+        module.focus_config = config
+        copy_full_(module.focus_centroids, tensors[f"layers.{i}.centroids"])  # or this process's shard of them
+        copy_full_(module.focus_group_bias, tensors[f"layers.{i}.group_bias"])
     return model

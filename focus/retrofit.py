@@ -18,6 +18,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from .attention import FOCUS_ATTENTION, focus_attention, unmodified_attention
 from .config import FocusConfig
+from .distributed import copy_full_
 from .routing import spherical_kmeans
 
 logger = logging.getLogger(__name__)
@@ -101,13 +102,20 @@ def apply_focus(
         module.focus_centroids = nn.Parameter(torch.zeros(sets, config.num_groups, head_dim, device=device))
         module.register_buffer("focus_group_bias", torch.zeros(sets, config.num_groups, device=device))
     if init_centroids:
-        _init_from_calibration(model, calibration_ids, calibration_mask, seed)
+        calibrate_centroids(model, calibration_ids, calibration_mask, seed)
     model.set_attn_implementation(FOCUS_ATTENTION)
     logger.info("Focus: %s trainable centroid parameters", f"{focus_parameter_count(model):,}")
     return model
 
 
-def _init_from_calibration(model, calibration_ids, calibration_mask, seed) -> None:
+def calibrate_centroids(
+    model: PreTrainedModel,
+    calibration_ids: torch.Tensor | None = None,
+    calibration_mask: torch.Tensor | None = None,
+    seed: int = 0,
+) -> None:
+    """(Re)initialise the centroids of a Focus model as `apply_focus` does: k-means on `calibration_ids`, or on random
+    token ids (with a warning) when None. Works on a model sharded over processes (every process calls it)."""
     if calibration_ids is None:
         warnings.warn(
             "apply_focus: no calibration_ids given, initialising centroids from random token ids; "
@@ -198,7 +206,7 @@ def kmeans_centroids(
         centroids = [
             spherical_kmeans(p, num_groups, seed=seed + 1000 * module.layer_idx + h) for h, p in enumerate(points)
         ]
-        module.focus_centroids.copy_(torch.stack(centroids))
+        copy_full_(module.focus_centroids, torch.stack(centroids))  # a shard of it when the model is sharded
         module.focus_group_bias.zero_()
 
 

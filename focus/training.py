@@ -15,6 +15,11 @@ Guarantees, in order of how much they cost to get right:
 - Checkpoints hold the trainable parameters and every persistent buffer: modules may keep training
   state in buffers (Focus keeps the running group bias its inference routing uses there), and a resume
   that lost it would end with the same centroids but a different model.
+- Data parallel when torch.distributed is initialised with several processes (the model sharded with
+  `focus.distributed.shard_model`, or replicated): each process scores an equal share of every global batch,
+  so the averaged gradient, the logged losses and the evaluation equal a single-process run's up to float
+  rounding. Process 0 alone writes `output_dir`, whole (gathered) tensors in the single-process format, so a
+  checkpoint resumes on any number of processes.
 """
 
 from __future__ import annotations
@@ -36,6 +41,17 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from focus.config import ConfigError, check_types, from_dict, to_dict
+from focus.distributed import (
+    average_across_processes,
+    barrier,
+    copy_full_,
+    full_state,
+    gathered,
+    gathered_optimizer_state,
+    is_sharded,
+    load_gathered_optimizer_state,
+    rank_and_world,
+)
 from focus.files import atomic_write
 
 _log = logging.getLogger(__name__)
@@ -148,6 +164,9 @@ def next_token_loss(logits: torch.Tensor, input_ids: torch.Tensor, reduction: st
 def evaluate_loss(model: nn.Module, data: torch.Tensor, batch_size: int = 8) -> float:
     """Mean next-token cross-entropy (nats per scored token) of `model` over `data`.
 
+    Run distributed (every process calls it with the same `data`), each process scores rows rank, rank + world, ...
+    and the sums are added up across processes.
+
     Args:
         model: a Hugging Face causal LM; put in eval mode and left there.
         data: (N, L) integer token ids, L >= 2, evaluated `batch_size` sequences at a time.
@@ -157,11 +176,22 @@ def evaluate_loss(model: nn.Module, data: torch.Tensor, batch_size: int = 8) -> 
     _check_tokens("eval_data", data, model, min_rows=1)
     model.eval()
     device = input_device(model)
+    rank, world = rank_and_world()
+    rows = data[rank::world]
     total = 0.0  # a Python float: float64 sums on every device (MPS has no float64 tensors)
-    for start in range(0, data.shape[0], batch_size):
-        chunk = data[start : start + batch_size].to(device)  # (b, L)
+    # The same number of forward passes on every process: a sharded model gathers each layer with all of them.
+    for start in range(0, -(-data.shape[0] // world), batch_size):
+        chunk = rows[start : start + batch_size].to(device)  # (b, L)
+        scored = chunk.shape[0] > 0
+        if not scored:  # this process ran out of rows (N % world of them have one fewer): a pass to keep in step
+            chunk = data[:1].to(device)
         logits = model(input_ids=chunk, use_cache=False).logits  # (b, L, V)
-        total += next_token_loss(logits, chunk, reduction="sum").item()
+        if scored:
+            total += next_token_loss(logits, chunk, reduction="sum").item()
+    if world > 1:
+        summed = torch.tensor(total, dtype=torch.float64, device=device)
+        torch.distributed.all_reduce(summed)
+        total = summed.item()
     return total / (data.shape[0] * (data.shape[1] - 1))
 
 
@@ -189,7 +219,8 @@ def train_centroids(
             the model's device).
         config: the TrainConfig of the run. Resuming demands the same values, except for the fields
             that only control logging, checkpoints and evaluation.
-        output_dir: created if missing; receives `metrics.jsonl` and `checkpoint.pt`.
+        output_dir: created if missing; receives `metrics.jsonl` and `checkpoint.pt` (from process 0 only when
+            running distributed; every process must call this function with the same arguments).
         eval_data: optional (M, L') token ids, scored every `eval_every` steps and after the last step
             (keys `eval/loss`, `eval/ppl`).
         aux_loss: optional `aux_loss(model) -> scalar tensor`, called right after each training forward
@@ -204,7 +235,8 @@ def train_centroids(
         `train/tokens` (step * batch_size * L), `time/step_seconds` (wall time per step since the
         previous train line), plus `train/aux_loss` and `eval/loss`, `eval/ppl` where they apply.
     Raises:
-        ValueError: no trainable parameters, or malformed data; nothing is written.
+        ValueError: no trainable parameters, malformed data, or a batch_size that the processes cannot share
+            equally; nothing is written.
         CheckpointError: `output_dir/checkpoint.pt` was written for other parameters, data or config.
     """
     if not isinstance(config, TrainConfig):
@@ -221,6 +253,13 @@ def train_centroids(
         _check_tokens("eval_data", eval_data, model, min_rows=1)
     if config.balance_weight > 0 and aux_loss is None:
         raise ValueError(f"TrainConfig.balance_weight={config.balance_weight} needs an aux_loss callable")
+    rank, world = rank_and_world()
+    if config.batch_size % world:
+        raise ValueError(
+            f"TrainConfig.batch_size={config.batch_size} is not a multiple of the {world} processes: each scores an "
+            "equal share of every batch, so that their averaged gradient is the whole batch's"
+        )
+    main = rank == 0
 
     output_dir = Path(output_dir)
     ckpt_path = output_dir / CHECKPOINT_NAME
@@ -232,6 +271,7 @@ def train_centroids(
 
     # Read (and check) any checkpoint before touching output_dir, so a refused resume changes nothing.
     state = _load_checkpoint(ckpt_path, trainable, buffers, config, fingerprint) if ckpt_path.exists() else None
+    barrier()  # every process has read the checkpoint before process 0 changes output_dir
     model.eval()
     if state is None:
         start_step, window = 0, _Window()
@@ -239,30 +279,30 @@ def train_centroids(
         random.seed(config.seed)
         np.random.seed(config.seed)
     else:
-        with torch.no_grad():
-            for name, tensor in trainable:
-                tensor.copy_(state["params"][name])
-            for name, tensor in buffers:
-                tensor.copy_(state["buffers"][name])
-        optimizer.load_state_dict(state["optimizer"])
+        for name, tensor in trainable:
+            copy_full_(tensor, state["params"][name])
+        for name, tensor in buffers:
+            copy_full_(tensor, state["buffers"][name])
+        load_gathered_optimizer_state(optimizer, state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
-        _set_rng_state(state["rng"])
+        _set_rng_state(state["rng"], world)
         start_step, window = state["step"], _Window(**state["window"])
         _log.info("resuming from %s at step %d of %d", ckpt_path, start_step, config.steps)
         if start_step == config.steps:
             return dict(state["final_metrics"])
 
-    output_dir.mkdir(parents=True, exist_ok=True)
-    for name in (CHECKPOINT_NAME, METRICS_NAME):  # temp files of a run killed while writing them
-        (output_dir / f"{name}.tmp").unlink(missing_ok=True)
-    _truncate_metrics(output_dir / METRICS_NAME, start_step)
+    if main:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        for name in (CHECKPOINT_NAME, METRICS_NAME):  # temp files of a run killed while writing them
+            (output_dir / f"{name}.tmp").unlink(missing_ok=True)
+        _truncate_metrics(output_dir / METRICS_NAME, start_step)
     device = input_device(model)
     n_rows, seq_len = data.shape
     batches_per_epoch = n_rows // config.batch_size
     epoch, perm = -1, None
     record: dict[str, Any] = {}
-    bar = tqdm(total=config.steps, initial=start_step, desc="train", disable=not progress, dynamic_ncols=True)
-    metrics_file = open(output_dir / METRICS_NAME, "a", encoding="utf-8")
+    bar = tqdm(total=config.steps, initial=start_step, desc="train", disable=not (progress and main), dynamic_ncols=True)
+    metrics_file = open(output_dir / METRICS_NAME, "a", encoding="utf-8") if main else None
     try:
         tic = time.perf_counter()
         for step in range(start_step + 1, config.steps + 1):
@@ -270,7 +310,7 @@ def train_centroids(
             if batch_epoch != epoch:
                 epoch, perm = batch_epoch, _epoch_permutation(config.seed, batch_epoch, n_rows)
             rows = perm[slot * config.batch_size : (slot + 1) * config.batch_size]
-            batch = data[rows].to(device)  # (B, L)
+            batch = data[rows[rank::world]].to(device)  # (B / world, L): this process's share of the batch
 
             lr = optimizer.param_groups[0]["lr"]
             ce, aux, grad_norm = _optimizer_step(model, batch, params, optimizer, config, aux_loss)
@@ -299,7 +339,7 @@ def train_centroids(
                 eval_loss = evaluate_loss(model, eval_data, config.eval_batch_size)
                 record["eval/loss"] = eval_loss
                 record["eval/ppl"] = math.exp(min(eval_loss, 700.0))  # exp overflows float64 past ~709
-            if len(record) > 1:
+            if len(record) > 1 and main:
                 metrics_file.write(json.dumps(record) + "\n")
                 metrics_file.flush()
                 if on_log is not None:
@@ -323,7 +363,8 @@ def train_centroids(
             if "train/loss" in record:
                 tic = time.perf_counter()
     finally:
-        metrics_file.close()
+        if metrics_file is not None:
+            metrics_file.close()
         bar.close()
     return record
 
@@ -336,7 +377,12 @@ def _optimizer_step(
     config: TrainConfig,
     aux_loss: Callable[[nn.Module], torch.Tensor] | None,
 ) -> tuple[float, float, torch.Tensor]:
-    """One AdamW step on `batch` (B, L); returns (cross-entropy, aux loss or 0, pre-clip grad norm)."""
+    """One AdamW step on `batch` (B, L); returns (cross-entropy, aux loss or 0, pre-clip grad norm).
+
+    Distributed, `batch` is this process's equal share of the global batch and the losses returned are means over
+    the processes; so is the gradient (FSDP averages sharded ones as it reduce-scatters them, plain ones are
+    averaged here), which makes it the global batch's, and its norm (for clipping) the global norm.
+    """
     logits = model(input_ids=batch, use_cache=False).logits  # (B, L, V)
     ce = next_token_loss(logits, batch)
     loss, aux = ce, 0.0
@@ -346,13 +392,20 @@ def _optimizer_step(
         if config.balance_weight > 0:
             loss = ce + config.balance_weight * aux_value
     loss.backward()
+    for p in params:
+        if p.grad is not None and not is_sharded(p.grad):
+            average_across_processes(p.grad)  # nothing when not distributed
     if config.grad_clip > 0:
         grad_norm = torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
     else:
         grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return ce.detach().item(), aux, grad_norm
+    ce_value = ce.detach().item()
+    if rank_and_world()[1] > 1:
+        both = torch.tensor([ce_value, aux], dtype=torch.float64, device=ce.device)
+        ce_value, aux = average_across_processes(both).tolist()
+    return ce_value, aux, full_state(grad_norm)
 
 
 @dataclass
@@ -404,22 +457,29 @@ def _fingerprint(data: torch.Tensor) -> str:
     return hashlib.sha256(f"{array.dtype}{array.shape}".encode() + memoryview(array).cast("B")).hexdigest()
 
 
-def _rng_state() -> dict[str, Any]:
+def _rng_state(world: int) -> dict[str, Any]:
     name, keys, pos, has_gauss, cached = np.random.get_state()
+    # Only GPUs this process uses: querying one would create a context on it (the others' GPUs, when distributed).
+    if not torch.cuda.is_initialized():
+        cuda = []
+    else:
+        cuda = [torch.cuda.get_rng_state()] if world > 1 else torch.cuda.get_rng_state_all()
     return {
         "torch": torch.get_rng_state(),
-        # Only if something used CUDA: querying it otherwise would create a context on every GPU.
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
+        "cuda": cuda,
         "python": random.getstate(),
         # As plain Python values, so the checkpoint loads with weights_only=True.
         "numpy": (name, keys.tolist(), int(pos), int(has_gauss), float(cached)),
     }
 
 
-def _set_rng_state(state: dict[str, Any]) -> None:
+def _set_rng_state(state: dict[str, Any], world: int) -> None:
     torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if state["cuda"] and torch.cuda.is_available():
+        if world > 1:
+            torch.cuda.set_rng_state(state["cuda"][0])
+        elif len(state["cuda"]) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(state["cuda"])
     random.setstate(state["python"])
     name, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
@@ -438,21 +498,29 @@ def _save_checkpoint(
     fingerprint: str,
     final_metrics: dict[str, Any] | None,
 ) -> None:
-    """Write the full resume state to `path` atomically: a reader sees the old file or the new one."""
-    state = {
-        "format": _CHECKPOINT_FORMAT,
-        "step": step,
-        "params": {name: p.detach().cpu().clone() for name, p in trainable},
-        "buffers": {name: b.detach().cpu().clone() for name, b in buffers},
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "rng": _rng_state(),
-        "window": {"loss_sum": window.loss_sum, "aux_sum": window.aux_sum, "steps": window.steps},
-        "config": to_dict(config),
-        "data_sha256": fingerprint,
-        "final_metrics": final_metrics,
-    }
-    atomic_write(path, lambda tmp: torch.save(state, tmp))
+    """Write the full resume state to `path` atomically: a reader sees the old file or the new one.
+
+    Every process calls this (sharded tensors are gathered whole, a collective); process 0 writes, the others wait.
+    """
+    params = {name: gathered(p) for name, p in trainable}
+    optimizer_state = gathered_optimizer_state(optimizer)
+    rank, world = rank_and_world()
+    if rank == 0:
+        state = {
+            "format": _CHECKPOINT_FORMAT,
+            "step": step,
+            "params": params,
+            "buffers": {name: b.detach().cpu().clone() for name, b in buffers},
+            "optimizer": optimizer_state,
+            "scheduler": scheduler.state_dict(),
+            "rng": _rng_state(world),
+            "window": {"loss_sum": window.loss_sum, "aux_sum": window.aux_sum, "steps": window.steps},
+            "config": to_dict(config),
+            "data_sha256": fingerprint,
+            "final_metrics": final_metrics,
+        }
+        atomic_write(path, lambda tmp: torch.save(state, tmp))
+    barrier()
 
 
 def _load_checkpoint(

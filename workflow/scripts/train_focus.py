@@ -16,6 +16,7 @@ summary = train_focus(
     adapter_dir=snakemake.output.adapter,
     metrics=snakemake.output.metrics,
     summary=snakemake.output.summary,
+    processes=snakemake.resources.gpu,  # > 1: that many processes, one per GPU
 )
 log_training_run(snakemake.output.wandb, snakemake.params.wandb, snakemake.params.group, dict(snakemake.wildcards), summary,
                  snakemake.output.metrics)

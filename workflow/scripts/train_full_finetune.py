@@ -15,6 +15,7 @@ summary = train_full_finetune(
     model_dir=snakemake.output.model,
     metrics=snakemake.output.metrics,
     summary=snakemake.output.summary,
+    processes=snakemake.resources.gpu,  # > 1: that many processes, one per GPU
 )
 labels = {**snakemake.wildcards, "variant": "full_finetune"}
 log_training_run(snakemake.output.wandb, snakemake.params.wandb, snakemake.params.group, labels, summary,
