@@ -21,6 +21,9 @@ FOCUS_ATTENTION = "focus"
 DECOMPOSE_HARD_PREFILL = True
 """Hard mode computes a full-sequence forward through `decomposed_hard_attention` where it applies (tests turn
 this off to compare against the dense masked path)."""
+TRACE_ATTRIBUTE = "focus_trace"
+"""A list set under this name on a Focus attention module receives the routing logits (B, K, L, G) of every call,
+whether or not the call sparsifies (`focus.interpret.trace_routing` sets and removes it)."""
 
 
 def route(module: nn.Module, vectors: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
@@ -37,7 +40,7 @@ def route(module: nn.Module, vectors: torch.Tensor, valid: torch.Tensor | None) 
     """
     config: FocusConfig = module.focus_config
     centroids: torch.Tensor = module.focus_centroids
-    logits = routing_logits(vectors.detach(), centroids, config.temperature)  # (B, K, L, G)
+    logits = layer_routing_logits(module, vectors)
     if not (torch.is_grad_enabled() and centroids.requires_grad):
         return inference_log_assign(logits, module.focus_group_bias)
     log_p, potential = sinkhorn(logits, config.sinkhorn_iters, None if valid is None else valid[:, None])
@@ -48,6 +51,11 @@ def route(module: nn.Module, vectors: torch.Tensor, valid: torch.Tensor | None) 
             step_mean = step_mean.mean(dim=0, keepdim=True)
         module.focus_group_bias.lerp_(step_mean.to(module.focus_group_bias.dtype), 1 - config.balance_momentum)
     return log_p
+
+
+def layer_routing_logits(module: nn.Module, vectors: torch.Tensor) -> torch.Tensor:
+    """(B, K, L, G) float32 routing logits of one Focus layer: `vectors` (B, K, L, D), detached, against its centroids."""
+    return routing_logits(vectors.detach(), module.focus_centroids, module.focus_config.temperature)
 
 
 def focus_attention(
@@ -69,6 +77,9 @@ def focus_attention(
     config: FocusConfig = module.focus_config
     q_len, k_len = query.shape[-2], key.shape[-2]
     base_mask = None if attention_mask is None else attention_mask[..., :k_len]
+    trace = getattr(module, TRACE_ATTRIBUTE, None)
+    if trace is not None:
+        trace.append(layer_routing_logits(module, key if config.route_on == "key" else value))
     if config.window >= k_len:
         # Every pair the model allows is local: Focus is exactly the model's own attention.
         out = unmodified_attention(query, key, value, base_mask, scaling, dropout, softcap)

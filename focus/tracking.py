@@ -65,11 +65,23 @@ def log_report_run(
     """
     run = open_run(_results_of(record), "report", group=group, job_type="report", config={"profile": group},
                    project=settings["project"], entity=settings.get("entity"))
-    keyed_tables = {f"tables/{Path(path).stem}": path for path in tables}
-    keyed_figures = {f"figures/{Path(path).stem}": path for path in figures}
+    keyed_tables = _keyed("tables", tables, _results_of(record))
+    keyed_figures = _keyed("figures", figures, _results_of(record))
     log_tables(run, keyed_tables)
     log_images(run, keyed_figures)
     return _finish(run, record, {"tables": sorted(keyed_tables), "figures": sorted(keyed_figures)})
+
+
+def _keyed(prefix: str, paths: list[str], results: Path) -> dict[str, str]:
+    """{"<prefix>/<file stem>": path}; a stem that several files share (one per model, as in
+    interpret/<model>/<variant>/) is keyed by its path under `results` instead, so no file overwrites another."""
+    stems = [Path(path).stem for path in paths]
+    keyed = {}
+    for path, stem in zip(paths, stems):
+        if stems.count(stem) > 1:
+            stem = Path(path).absolute().relative_to(results).with_suffix("").as_posix()
+        keyed[f"{prefix}/{stem}"] = path
+    return keyed
 
 
 def log_metrics_file(run, path: str | Path) -> int:

@@ -1,0 +1,25 @@
+"""Rule interpret: group balance and contents of one trained (model, variant) on held-out text."""
+
+from focus.experiments import start_job
+from focus.interpret import interpret_adapter
+
+start_job(snakemake.log[0], snakemake.threads)
+interpret_adapter(
+    source=snakemake.params.source,
+    dtype=snakemake.params.dtype,
+    adapter=snakemake.input.adapter,
+    tokens=snakemake.input.tokens,
+    seq_len=snakemake.params.seq_len,
+    settings=snakemake.params.settings,
+    summary=snakemake.output.summary,
+    layers_csv=snakemake.output.layers,
+    shares_csv=snakemake.output.shares,
+    categories_csv=snakemake.output.categories,
+    top_tokens_csv=snakemake.output.top_tokens,
+    categories_figure=snakemake.output.categories_figure,
+    overview_figure=snakemake.output.overview_figure,
+    balance_figure=snakemake.output.balance_figure,
+    alignment_figure=snakemake.output.alignment_figure,
+    examples_html=snakemake.output.examples,
+    labels=dict(snakemake.wildcards),
+)
