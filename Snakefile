@@ -12,6 +12,8 @@ include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/benchmark.smk"
+include: "workflow/rules/scratch.smk"
+include: "workflow/rules/interpret.smk"
 include: "workflow/rules/report.smk"
 
 

@@ -3,7 +3,10 @@
     prepare_tokens       corpus split(s) -> token ids of one model's tokenizer (one safetensors file per domain)
     train_focus          frozen model + centroids trained on the domain -> Focus adapter, metrics, summary
     train_full_finetune  every weight trained on the same tokens -> the full-attention baseline model
+    train_lora           PEFT LoRA adapters trained on the same tokens -> one LoRA baseline of the grid
     evaluate_perplexity  (model, method, domain) -> sliding-window perplexity record
+    evaluate_benchmarks  (model, method) -> lm-eval scores and per-document logs
+    evaluate_needle      (model, method) -> pass-key retrieval from long passages
 
 Functions take plain values (paths, dicts of config fields) and write their artifacts atomically. Training runs
 in a `run/` folder beside the outputs that the pipeline does not declare, so a killed job keeps its checkpoint
@@ -14,8 +17,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -27,12 +32,16 @@ from safetensors.torch import save_file
 from .adapter import load_focus, read_adapter_config, save_focus
 from .config import FocusConfig, to_dict
 from .data import chunk_tokens, corpus_location, load_corpus, tokenize_corpus
+from .distributed import barrier, is_main_process, rank_and_world, run_on_processes, shard_model, torchrun_process_group
 from .files import atomic_write, write_folder_atomically, write_json
+from .harness import run_tasks, write_mirror_tasks, write_samples
+from .lora import apply_lora, load_lora, parse_lora_name
 from .models import load_model, load_tokenizer
+from .needle import needle_trials
 from .perplexity import perplexity
 from .profile import FULL_FINETUNE, method_variant
 from .provenance import provenance
-from .retrofit import apply_focus, focus_parameter_count, set_focus_mode
+from .retrofit import apply_focus, calibrate_centroids, focus_parameter_count, set_focus_mode
 from .training import CHECKPOINT_NAME, METRICS_NAME, CheckpointError, TrainConfig, train_centroids
 
 _log = logging.getLogger(__name__)
@@ -42,6 +51,9 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 def start_job(log: str | Path, threads: int) -> None:
     """Send this job's stdout, stderr (progress bars) and logging to `log`, and use `threads` torch threads."""
     stream = open(log, "w", buffering=1)  # line-buffered: `tail -f` shows progress as it happens
+    # The file descriptors too: output from C++ (NCCL) and from the processes of a multi-GPU job goes there as well.
+    os.dup2(stream.fileno(), 1)
+    os.dup2(stream.fileno(), 2)
     sys.stdout = sys.stderr = stream
     logging.basicConfig(level=logging.INFO, stream=stream, format="%(asctime)s %(name)s: %(message)s", force=True)
     torch.set_num_threads(threads)
@@ -85,21 +97,34 @@ def train_focus(
     metrics: str | Path,
     summary: str | Path,
     progress: bool = True,
+    processes: int = 1,
 ) -> dict:
     """Retrofit Focus onto `source`, train only the centroids on the train split, save the adapter.
 
     The first `calibration_rows` rows of seq_len tokens k-means-initialise the centroids and are not trained on;
     the first `eval_rows` validation rows are scored during training. Writes `adapter_dir`, `metrics` (JSON
     lines) and `summary` (resolved configs, parameter counts, final metrics, wall time, provenance).
+
+    `processes` > 1 runs the job on that many local processes, one per GPU (`focus.distributed.run_on_processes`,
+    as `torchrun --standalone --nproc_per_node` would) and returns process 0's summary; a function launched by
+    torchrun itself joins torchrun's processes. Either way the model is sharded over the processes (FSDP2) and
+    the artifacts are those of a single-process run, up to float rounding.
     """
-    model, _ = load_model(source, _DTYPES[dtype], _device())
-    calibration, rows, eval_data = _training_rows(tokens, seq_len, calibration_rows, eval_rows)
-    config = FocusConfig.from_dict(focus)
-    apply_focus(model, config, calibration_ids=calibration.to(model.device) if calibration_rows else None)
-    record = _train(model, rows, TrainConfig.from_dict(train), Path(metrics), eval_data, progress)
-    save_focus(model, adapter_dir, base_model=source)
-    record.update(focus_config=to_dict(config), trainable_parameters=focus_parameter_count(model))
-    return _write_summary(summary, source, record, Path(metrics))
+    if processes > 1:
+        return run_on_processes(train_focus, processes, **{**locals(), "processes": 1})  # locals(): the arguments
+    with torchrun_process_group() as world:
+        model, _ = _load_for_training(source, dtype, world)
+        calibration, rows, eval_data = _training_rows(tokens, seq_len, calibration_rows, eval_rows)
+        config = FocusConfig.from_dict(focus)
+        apply_focus(model, config, init_centroids=False)
+        if world > 1:
+            shard_model(model)
+        # After sharding, so that k-means runs on the GPUs through the sharded model (it may fit on none alone).
+        calibrate_centroids(model, calibration if calibration_rows else None)
+        record = _train(model, rows, TrainConfig.from_dict(train), Path(metrics), eval_data, progress)
+        save_focus(model, adapter_dir, base_model=source)
+        record.update(focus_config=to_dict(config), trainable_parameters=focus_parameter_count(model))
+        return _write_summary(summary, source, record, Path(metrics))
 
 
 def train_full_finetune(
@@ -114,26 +139,74 @@ def train_full_finetune(
     metrics: str | Path,
     summary: str | Path,
     progress: bool = True,
+    processes: int = 1,
 ) -> dict:
     """The full-attention baseline: train every weight of `source` on the same train split, save the model.
 
     Same loop, data order and token budget as `train_focus`: the first `calibration_rows` rows are skipped here
-    too, so with the same count and TrainConfig both methods train on identical batches.
+    too, so with the same count and TrainConfig both methods train on identical batches. `processes`: as in
+    `train_focus` (weights, gradients and AdamW state sharded over them).
     """
-    model, tokenizer = load_model(source, _DTYPES[dtype], _device())
+    if processes > 1:
+        return run_on_processes(train_full_finetune, processes, **{**locals(), "processes": 1})
+    with torchrun_process_group() as world:
+        model, tokenizer = _load_for_training(source, dtype, world)
+        _, rows, eval_data = _training_rows(tokens, seq_len, calibration_rows, eval_rows)
+        for parameter in model.parameters():
+            parameter.requires_grad_(True)
+        if world > 1:
+            shard_model(model)
+        record = _train(model, rows, TrainConfig.from_dict(train), Path(metrics), eval_data, progress)
+        for parameter in model.parameters():
+            parameter.requires_grad_(False)
+        state = None
+        if world > 1:  # the whole weights, gathered one tensor at a time to the CPU of process 0
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+        def write(folder: Path) -> None:
+            model.save_pretrained(folder, state_dict=state)
+            tokenizer.save_pretrained(folder)
+
+        if is_main_process():
+            write_folder_atomically(Path(model_dir), write)
+        barrier()
+        record["trainable_parameters"] = sum(p.numel() for p in model.parameters())
+        return _write_summary(summary, source, record, Path(metrics))
+
+
+def train_lora(
+    source: str,
+    dtype: str,
+    rank: int,
+    alpha: float,
+    target_modules: list[str],
+    dropout: float,
+    train: dict[str, Any],
+    tokens: str | Path,
+    seq_len: int,
+    calibration_rows: int,
+    eval_rows: int,
+    adapter_dir: str | Path,
+    metrics: str | Path,
+    summary: str | Path,
+    progress: bool = True,
+) -> dict:
+    """A LoRA baseline: PEFT adapters of `rank` on `target_modules`, trained on the same rows as the centroids.
+
+    Same loop, data order, steps and batch as `train_focus` (`train` carries the grid cell's learning rate);
+    writes PEFT's adapter folder to `adapter_dir`, plus `metrics` and `summary` like the other training stages.
+    """
+    model, _ = load_model(source, _DTYPES[dtype], _device())
     _, rows, eval_data = _training_rows(tokens, seq_len, calibration_rows, eval_rows)
-    for parameter in model.parameters():
-        parameter.requires_grad_(True)
+    model = apply_lora(model, rank, alpha, target_modules, dropout, seed=train.get("seed", 0))
     record = _train(model, rows, TrainConfig.from_dict(train), Path(metrics), eval_data, progress)
-    for parameter in model.parameters():
-        parameter.requires_grad_(False)
-
-    def write(folder: Path) -> None:
-        model.save_pretrained(folder)
-        tokenizer.save_pretrained(folder)
-
-    write_folder_atomically(Path(model_dir), write)
-    record["trainable_parameters"] = sum(p.numel() for p in model.parameters())
+    write_folder_atomically(Path(adapter_dir), lambda folder: model.save_pretrained(folder))
+    record.update(
+        lora_config={"r": rank, "lora_alpha": alpha, "target_modules": list(target_modules), "lora_dropout": dropout},
+        trainable_parameters=sum(p.numel() for p in model.parameters() if p.requires_grad),
+    )
     return _write_summary(summary, source, record, Path(metrics))
 
 
@@ -158,12 +231,7 @@ def evaluate_perplexity(
             "<variant>-hard" (`trained` is that variant's Focus adapter; hard is top-k routing).
         labels: extra fields for the record (the pipeline's short model name and the domain).
     """
-    variant = method_variant(method)
-    loaded_from = str(trained) if method == FULL_FINETUNE else source
-    model, _ = load_model(loaded_from, _DTYPES[dtype], _device())
-    if variant is not None:
-        load_focus(model, trained)
-        set_focus_mode(model, variant[1])
+    model, _ = load_method(source, dtype, method, trained)
     ids = read_tokens(tokens, "test")
     ids = ids[:max_tokens] if max_tokens else ids
     tic = time.perf_counter()
@@ -180,14 +248,124 @@ def evaluate_perplexity(
         "seconds": round(time.perf_counter() - tic, 2),
         "provenance": provenance(),
     }
-    if variant is not None:
-        record["focus_config"] = read_adapter_config(trained)["focus_config"]
+    record.update(_method_record(method, trained))
     write_json(output, record)
     return record
 
 
+def evaluate_benchmarks(
+    source: str,
+    dtype: str,
+    method: str,
+    tasks: list[str],
+    chat_tasks: list[str],
+    output: str | Path,
+    samples: str | Path,
+    limit: int | None = None,
+    batch_size: int = 8,
+    trained: str | Path | None = None,
+    mirror: str | None = None,
+    labels: dict[str, str] | None = None,
+) -> dict:
+    """lm-eval scores of one (model, method): `tasks` as plain completions, `chat_tasks` with the chat template.
+
+    Writes the record (per-task metrics, the settings, the method's Focus/LoRA config) to `output` and
+    lm-eval's per-document logs to `samples`/<task>.jsonl. See `focus.harness` for the task and prompt choices.
+    """
+    model, tokenizer = load_method(source, dtype, method, trained)
+    tic = time.perf_counter()
+    results: dict[str, dict] = {}
+    logs: dict[str, list] = {}
+    with tempfile.TemporaryDirectory() as task_folder:
+        write_mirror_tasks(task_folder, mirror)
+        for names, chat in ((tasks, False), (chat_tasks, True)):
+            if names:
+                metrics, documents = run_tasks(model, tokenizer, names, task_folder, limit, batch_size, chat_template=chat)
+                results.update({task: {**values, "chat_template": chat} for task, values in metrics.items()})
+                logs.update(documents)
+    write_folder_atomically(Path(samples), lambda folder: write_samples(folder, logs))
+    record = {
+        **(labels or {}),
+        "method": method,
+        "source": source,
+        "tasks": results,
+        "limit": limit,
+        "num_fewshot": 0,
+        "seconds": round(time.perf_counter() - tic, 1),
+        "provenance": provenance(),
+        **_method_record(method, trained),
+    }
+    write_json(output, record)
+    return record
+
+
+def evaluate_needle(
+    source: str,
+    dtype: str,
+    method: str,
+    tokens: str | Path,
+    output: str | Path,
+    lengths: list[int],
+    depths: list[float],
+    trials: int,
+    trained: str | Path | None = None,
+    labels: dict[str, str] | None = None,
+    progress: bool = True,
+) -> dict:
+    """Pass-key retrieval (`focus.needle`) of one (model, method), filler from the test split of `tokens`."""
+    model, tokenizer = load_method(source, dtype, method, trained)
+    tic = time.perf_counter()
+    trials_run = needle_trials(model, tokenizer, read_tokens(tokens, "test"), lengths, depths, trials, progress=progress)
+    record = {
+        **(labels or {}),
+        "method": method,
+        "source": source,
+        "accuracy": sum(trial["correct"] for trial in trials_run) / len(trials_run),
+        "trials": trials_run,
+        "seconds": round(time.perf_counter() - tic, 1),
+        "provenance": provenance(),
+        **_method_record(method, trained),
+    }
+    write_json(output, record)
+    return record
+
+
+def load_method(source: str, dtype: str, method: str, trained: str | Path | None = None) -> tuple[torch.nn.Module, Any]:
+    """(model, tokenizer) as evaluated under `method`.
+
+    "pretrained": `source` as is; "full_finetune": the fine-tuned model folder `trained`; "<variant>-soft|hard":
+    `source` with the Focus adapter `trained` in that routing mode; a `lora_name`: `source` with the LoRA adapter
+    `trained` merged into its weights.
+    """
+    variant = method_variant(method)
+    loaded_from = str(trained) if method == FULL_FINETUNE else source
+    model, tokenizer = load_model(loaded_from, _DTYPES[dtype], _device())
+    if variant is not None:
+        load_focus(model, trained)
+        set_focus_mode(model, variant[1])
+    elif parse_lora_name(method) is not None:
+        model = load_lora(model, trained)
+    return model, tokenizer
+
+
+def _method_record(method: str, trained: str | Path | None) -> dict:
+    """What a result record says about the method's trained part: the Focus or LoRA config it ran with."""
+    if method_variant(method) is not None:
+        return {"focus_config": read_adapter_config(trained)["focus_config"]}
+    if parse_lora_name(method) is not None:
+        config = json.loads((Path(trained) / "adapter_config.json").read_text())
+        return {"lora_config": {key: config[key] for key in ("r", "lora_alpha", "target_modules", "lora_dropout")}}
+    return {}
+
+
 def _device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _load_for_training(source: str, dtype: str, world: int) -> tuple[torch.nn.Module, Any]:
+    """(model, tokenizer), the model on this process's device; for `world` > 1 processes in host memory, where each
+    process reads the whole weights once: sharding then moves only its shard to its GPU, so no GPU holds them all."""
+    return load_model(source, _DTYPES[dtype], "cpu" if world > 1 else _device())
 
 
 def _training_rows(
@@ -221,12 +399,16 @@ def _train(
         final = train_centroids(model, rows, config, run_dir, eval_data=eval_data, progress=progress)
     except CheckpointError as err:
         _log.warning("discarding the checkpoint in %s (%s); training from step 0", run_dir, err)
-        shutil.rmtree(run_dir)
+        barrier()  # every process has read (and refused) the checkpoint before it goes
+        if is_main_process():
+            shutil.rmtree(run_dir)
+        barrier()
         resumed = False
         final = train_centroids(model, rows, config, run_dir, eval_data=eval_data, progress=progress)
     seconds = time.perf_counter() - tic
-    metrics.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(run_dir / METRICS_NAME, metrics)
+    if is_main_process():
+        metrics.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(run_dir / METRICS_NAME, metrics)
     return {
         "final": final,
         "train_config": to_dict(config),
@@ -234,6 +416,7 @@ def _train(
         "seq_len": rows.shape[1],
         "seconds": round(seconds, 1),
         "resumed": resumed,
+        "processes": rank_and_world()[1],
     }
 
 
@@ -243,8 +426,10 @@ def _run_dir(metrics: Path) -> Path:
 
 
 def _write_summary(path: str | Path, source: str, record: dict, metrics: Path) -> dict:
-    """Write the training summary, then remove the run folder: its checkpoint has served its purpose."""
+    """Write the training summary, then remove the run folder: its checkpoint has served its purpose (process 0)."""
     record.update(source=source, provenance=provenance())
-    write_json(path, record)
-    shutil.rmtree(_run_dir(metrics), ignore_errors=True)
+    if is_main_process():
+        write_json(path, record)
+        shutil.rmtree(_run_dir(metrics), ignore_errors=True)
+    barrier()
     return record

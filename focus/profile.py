@@ -14,6 +14,7 @@ from typing import Any
 
 from .config import ConfigError, FocusConfig, to_dict
 from .data import corpus_location
+from .lora import lora_name, parse_lora_name
 from .models import PACKAGED_SMOLLM2, TINY_FAMILIES, TINY_PREFIX
 from .training import TrainConfig
 
@@ -29,7 +30,7 @@ def resolve_profile(config: dict[str, Any], schema: dict[str, Any]) -> dict[str,
     Resolved keys: everything in the profile, plus `results` ("results/<name>"), `methods` (what perplexity is
     measured for: "pretrained", "full_finetune" when the baseline is on, "<variant>-soft", "<variant>-hard"),
     and per model `dtype`, `variants` ({variant: FocusConfig dict}), `centroids` and `full_finetune` (TrainConfig
-    dicts; `full_finetune` None when off).
+    dicts; `full_finetune` None when off) and `gpus` (processes per training job, default 1).
 
     Raises:
         ConfigError: one line naming the key and what is wrong with it.
@@ -54,11 +55,13 @@ def resolve_profile(config: dict[str, Any], schema: dict[str, Any]) -> dict[str,
             },
             "centroids": _train_dict(f"{where}.centroids", {**train["centroids"], **spec.get("centroids", {})}),
             "full_finetune": None,
+            "gpus": spec.get("gpus", 1),
         }
         if baseline is not None:
             # The same budget (steps, batch, schedule) as this model's centroids unless overridden.
             merged = {**resolved["centroids"], **baseline, **spec.get("full_finetune", {})}
             resolved["full_finetune"] = _train_dict(f"{where}.full_finetune", merged)
+        _check_gpus(where, resolved)
         models[name] = resolved
     profile["models"] = models
     profile["variants"] = variants
@@ -72,12 +75,71 @@ def resolve_profile(config: dict[str, Any], schema: dict[str, Any]) -> dict[str,
     for where in ("settings", "prefill_settings"):
         for groups, window, top_k in (bench or {}).get(where, []):
             _focus_dict(f"benchmark.{where}", {"num_groups": groups, "window": window, "top_k": top_k})
+    profile.update(_evaluation_sections(config, models, profile["methods"]))
+    if config.get("interpret") is not None:
+        profile["interpret"] = _interpret_dict(config["interpret"], models)
+    if config.get("scratch") is not None:
+        profile["scratch"] = _scratch_dict(config["scratch"], config["data"]["domains"])
     return profile
+
+
+def _interpret_dict(section: dict[str, Any], models: dict[str, Any]) -> dict[str, Any]:
+    """The `interpret` section resolved: `models` (default all) plus every InterpretConfig field."""
+    from .interpret import InterpretConfig  # deferred: pandas and plotting helpers only the stage needs
+
+    chosen = _section_models("interpret", section, models)
+    try:
+        fields = InterpretConfig.from_dict({k: v for k, v in section.items() if k != "models"})
+    except ConfigError as err:
+        raise ConfigError(f"interpret: {err}") from None
+    return {"models": chosen, **to_dict(fields)}
+
+
+def _evaluation_sections(config: dict[str, Any], models: dict[str, Any], methods: list[str]) -> dict[str, Any]:
+    """The `lora`, `harness` and `long_context` sections resolved, each with its `models` checked and the methods
+    it covers; adds each model's own `methods` (the profile's, plus the LoRA grid for the models it trains)."""
+    resolved: dict[str, Any] = {}
+    lora_methods: list[str] = []
+    if config.get("lora") is not None:
+        lora = {"alpha_ratio": 2.0, "dropout": 0.0, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
+                **config["lora"]}
+        lora["models"] = _section_models("lora", lora, models)
+        lora["grid"] = {
+            lora_name(rank, lr): {"rank": rank, "lr": lr, "alpha": lora["alpha_ratio"] * rank}
+            for rank in lora["ranks"] for lr in lora["lrs"]
+        }
+        lora_methods = list(lora["grid"])
+        resolved["lora"] = lora
+    for name, model in models.items():
+        model["methods"] = methods + (lora_methods if name in resolved.get("lora", {}).get("models", []) else [])
+    focus_methods = [method for method in methods if method_variant(method) is not None]
+    if config.get("harness") is not None:
+        harness = {"limit": None, "batch_size": 8, "chat_tasks": [], **config["harness"]}
+        harness["models"] = _section_models("harness", harness, models)
+        harness["methods"] = [PRETRAINED, *focus_methods, *lora_methods]
+        resolved["harness"] = harness
+    if config.get("long_context") is not None:
+        long_context = {"batch_size": 1, "max_tokens": None, "needle": None, **config["long_context"]}
+        long_context["models"] = _section_models("long_context", long_context, models)
+        long_context["methods"] = [PRETRAINED, *focus_methods]
+        domain = long_context["domain"]
+        if "test" not in config["data"]["domains"].get(domain, []):
+            raise ConfigError(f"data.domains.{domain}: long_context needs split 'test'; list it there")
+        resolved["long_context"] = long_context
+    return resolved
+
+
+def _section_models(section: str, values: dict[str, Any], models: dict[str, Any]) -> list[str]:
+    chosen = values.get("models") or list(models)
+    unknown = [name for name in chosen if name not in models]
+    if unknown:
+        raise ConfigError(f"{section}.models: {unknown[0]!r} is not one of this profile's models {sorted(models)}")
+    return list(chosen)
 
 
 def method_variant(method: str) -> tuple[str, str] | None:
     """("<variant>", "soft"|"hard") for a Focus method name, None for "pretrained" and "full_finetune"."""
-    if method in (PRETRAINED, FULL_FINETUNE):
+    if method in (PRETRAINED, FULL_FINETUNE) or parse_lora_name(method) is not None:
         return None
     variant, _, mode = method.rpartition("-")
     if not variant or mode not in MODES:
@@ -107,6 +169,17 @@ def _train_dict(where: str, values: dict[str, Any]) -> dict[str, Any]:
         return to_dict(TrainConfig.from_dict(values))
     except ConfigError as err:
         raise ConfigError(f"{where}: {err}") from None
+
+
+def _check_gpus(where: str, model: dict[str, Any]) -> None:
+    """Every process of a multi-GPU training job scores an equal share of each batch (see train_centroids)."""
+    for section in ("centroids", "full_finetune"):
+        train = model[section]
+        if train is not None and train["batch_size"] % model["gpus"]:
+            raise ConfigError(
+                f"{where}.{section}.batch_size ({train['batch_size']}) must be a multiple of {where}.gpus "
+                f"({model['gpus']}): each GPU scores an equal share of every batch"
+            )
 
 
 def _check_source(where: str, source: str) -> None:
@@ -142,6 +215,8 @@ def _check_data(config: dict[str, Any]) -> None:
     if train.get("eval_rows", 0) > 0:
         needed.add((train["domain"], "validation"))
     needed |= {(domain, "test") for domain in config["perplexity"]["domains"]}
+    if config.get("interpret") is not None:  # held-out text of the training domain
+        needed.add((train["domain"], "test"))
     for domain, split in sorted(needed):
         if split not in domains.get(domain, []):
             raise ConfigError(f"data.domains.{domain}: the profile needs split {split!r}; list it there")
@@ -151,3 +226,34 @@ def _check_data(config: dict[str, Any]) -> None:
                 corpus_location(domain, split, mirror)
             except FileNotFoundError as err:
                 raise ConfigError(f"data.domains.{domain}: {err}") from None
+
+
+def _scratch_dict(section: dict[str, Any], domains: dict[str, list[str]]) -> dict[str, Any]:
+    """The `scratch` section resolved: defaults filled in, the model shape, TrainConfig (without seed) and FocusConfig
+    complete, the window shorter than the sequence, and the corpus splits the stage reads listed."""
+    from .scratch import ScratchModel  # deferred, as the stage's other imports
+
+    resolved = {"tokenizer": PACKAGED_SMOLLM2, "domain": "books", "calibration_rows": 4, "train_rows": None, **section}
+    try:
+        _check_source("scratch", resolved["tokenizer"])
+    except ConfigError as err:  # _check_source names the key `<where>.source`
+        raise ConfigError(str(err).replace("scratch.source:", "scratch.tokenizer:", 1)) from None
+    try:
+        resolved["model"] = to_dict(ScratchModel.from_dict(section["model"]))
+    except ConfigError as err:
+        raise ConfigError(f"scratch.model: {err}") from None
+    if "seed" in section["train"]:
+        raise ConfigError("scratch.train.seed: list the seeds in scratch.seeds (each sets weights and batch order)")
+    train = _train_dict("scratch.train", section["train"])
+    resolved["train"] = {key: value for key, value in train.items() if key != "seed"}
+    resolved["focus"] = _focus_dict("scratch.focus", section["focus"])
+    if resolved["focus"]["window"] >= resolved["seq_len"]:
+        raise ConfigError(
+            f"scratch.focus.window ({resolved['focus']['window']}) must be < scratch.seq_len ({resolved['seq_len']}): "
+            "a window covering the sequence makes Focus full attention"
+        )
+    for split in ("train", "validation"):
+        if split not in domains.get(resolved["domain"], []):
+            domain = resolved["domain"]
+            raise ConfigError(f"data.domains.{domain}: the scratch stage needs split {split!r}; list it there")
+    return resolved

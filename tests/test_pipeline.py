@@ -41,6 +41,13 @@ MINI = {
     "perplexity": {"domains": ["books"], "context_length": 128, "max_tokens": 1024, "batch_size": 4},
     "benchmark": {"lengths": [256, 512], "settings": [[4, 32, 1], [4, 32, 2]], "repeats": 1, "model": "tiny-qwen2",
                   "prefill_lengths": [256], "prefill_settings": [[4, 32, 1]]},
+    # The evaluation stages on the tiny model only (seconds each): a 1-cell LoRA grid, lm-eval on 3 documents per
+    # task (hellaswag is skipped offline), and the long-context checks at lengths beyond the window of 32.
+    "lora": {"models": ["tiny-qwen2"], "ranks": [2], "lrs": [1e-3]},
+    "harness": {"models": ["tiny-qwen2"], "tasks": ["arc_easy", "hellaswag"], "chat_tasks": ["truthfulqa_mc1", "truthfulqa_mc2"],
+                "limit": 3, "batch_size": 4},
+    "long_context": {"models": ["tiny-qwen2"], "domain": "books", "context_lengths": [64, 128], "max_tokens": 512,
+                     "needle": {"lengths": [96], "depths": [0.5], "trials": 2}},
 }
 
 
@@ -87,15 +94,35 @@ def test_dry_run_of_the_default_profile_plans_every_stage(tmp_path):
     assert counts["bench_attention"] == 1
 
 
+def test_dry_run_of_the_evaluation_profile_plans_the_lora_grid_and_every_method(tmp_path):
+    counts = job_counts(snakemake(tmp_path, "-n", "--configfile", str(ROOT / "configs" / "tiny-eval.yaml")).stdout)
+    lora_cells, focus_modes, context_lengths = 2 * 2, 2, 3  # configs/tiny-eval.yaml
+    assert counts["train_lora"] == lora_cells and counts["train_focus"] == 1 and "train_full_finetune" not in counts
+    assert counts["benchmarks"] == 1 + focus_modes + lora_cells  # pretrained, Focus soft and hard, every LoRA cell
+    assert counts["perplexity"] == (1 + focus_modes + lora_cells) * 2
+    assert counts["long_context_perplexity"] == (1 + focus_modes) * context_lengths
+    assert counts["needle"] == 1 + focus_modes and counts["interpret"] == 1
+    assert counts["evaluation_tables"] == counts["claims"] == 1
+
+
 def test_paper_profile_dry_runs_on_the_slurm_executor_with_gpu_resources(tmp_path):
     online = {"HF_HUB_OFFLINE": "0", "HF_DATASETS_OFFLINE": "0"}  # as on a cluster with hub access
     result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "paper.yaml"),
                        "--workflow-profile", str(ROOT / "profiles" / "slurm"), "-n", "--jobs", "4", env=online)
     counts = job_counts(result.stdout)
-    assert counts["train_focus"] == 8 and counts["perplexity"] == 8 * 4
-    train_jobs = [block for block in result.stdout.split("\n\n") if "rule train_focus:" in block]
-    assert len(train_jobs) == 8 and all(re.search(r"resources:.*gpu=1", job) for job in train_jobs)
-    assert all("slurm_partition=gpu" in job for job in train_jobs)
+    models = yaml.safe_load((ROOT / "configs" / "paper.yaml").read_text())["models"]
+    assert counts["train_focus"] == len(models) == 9 and counts["perplexity"] == 9 * 4
+    # Every training job asks for its model's GPUs on one node (one process per GPU); 70B on 8.
+    for rule in ("train_focus", "train_full_finetune"):
+        gpus = {}
+        for job in (block for block in result.stdout.split("\n\n") if f"rule {rule}:" in block):
+            resources = re.search(r"resources: (.*)", job)[1].split(", ")
+            gpus[re.search(r"wildcards: model=([\w.-]+)", job)[1]] = int(re.search(r"\bgpu=(\d+)", job)[0][4:])
+            assert "nodes=1" in resources and "slurm_partition=gpu" in resources
+        assert gpus == {name: spec.get("gpus", 1) for name, spec in models.items()}
+        assert gpus["llama-3.1-70b"] == 8 and gpus["llama-3.1-8b"] == 2 and gpus["gpt2"] == 1
+    perplexity_jobs = [block for block in result.stdout.split("\n\n") if "rule perplexity:" in block]
+    assert all(re.search(r"resources:.*\bgpu=1\b", job) for job in perplexity_jobs)
 
 
 def test_bad_config_is_one_line_before_any_job(tmp_path):
@@ -155,6 +182,24 @@ def test_minimal_run_writes_sane_artifacts(mini_run):
     assert len(pd.read_csv(results / "bench" / "prefill.csv")) == 1
     assert (results / "bench" / "attention.md").read_text().startswith("Measured on: ")
 
+    # The evaluation stages: one row per (method, task), a real PEFT adapter, every claim judged.
+    truthfulqa = pd.read_csv(results / "tables" / "truthfulqa.csv")
+    methods = ["pretrained", "focus-soft", "focus-hard", "lora_r2_lr1e-3"]
+    assert sorted(truthfulqa["method"]) == sorted(methods * 2) and set(truthfulqa["task"]) == {"truthfulqa_mc1", "truthfulqa_mc2"}
+    assert truthfulqa["chat_template"].all() and (truthfulqa["documents"] == 3).all()
+    benchmarks = pd.read_csv(results / "tables" / "benchmarks.csv")
+    assert sorted(benchmarks["method"]) == sorted(methods) and set(benchmarks["task"]) == {"arc_easy"}  # hellaswag offline
+    record = json.loads((results / "harness" / "tiny-qwen2" / "pretrained.json").read_text())
+    assert record["tasks"]["hellaswag"] == {"skipped": "not in the data mirror and the hub is offline"}
+    assert len((results / "harness" / "tiny-qwen2" / "focus-hard_samples" / "arc_easy.jsonl").read_text().splitlines()) == 3
+    lengths = pd.read_csv(results / "tables" / "prompt_lengths.csv").set_index("task")
+    assert lengths.loc["truthfulqa_mc1", "share_focus_differs"] == 1.0  # the 6-shot preamble is longer than 32 tokens
+    assert json.loads((results / "train" / "tiny-qwen2" / "lora_r2_lr1e-3" / "adapter" / "adapter_config.json").read_text())["r"] == 2
+    long_context = pd.read_csv(results / "tables" / "long_context.csv")
+    assert set(long_context["measure"]) == {"perplexity", "needle_accuracy", "needle_key_logprob"}
+    claims = pd.read_csv(results / "tables" / "claims.csv")
+    assert len(claims) == 8 and set(claims["verdict"]) <= {"holds", "does not hold", "not testable in this profile"}
+
     executed = json.loads((results / "notebooks" / "results.ipynb").read_text())
     outputs = [out for cell in executed["cells"] if cell["cell_type"] == "code" for out in cell["outputs"]]
     assert not [out for out in outputs if out["output_type"] == "error"] and len(outputs) >= 5
@@ -168,12 +213,14 @@ def test_wandb_run_file_holds_every_table_and_figure(mini_run):
     run_file = Path(record["run_file"])
     assert run_file.is_relative_to(results / "wandb")
     media = wandb_file.logged_media(run_file)
-    assert media == {"tables/perplexity": "table-file", "tables/training": "table-file",
-                     "tables/attention": "table-file", "tables/prefill": "table-file",
-                     "figures/loss_curves": "image-file", "figures/perplexity": "image-file",
-                     "figures/speedup": "image-file"}
+    tables = ("perplexity", "training", "attention", "prefill", "benchmarks", "prompt_lengths", "truthfulqa", "lora",
+              "long_context", "claims")
+    figures = ("loss_curves", "perplexity", "speedup", "benchmarks", "prompt_lengths", "truthfulqa", "long_context")
+    assert media == {**{f"tables/{name}": "table-file" for name in tables},
+                     **{f"figures/{name}": "image-file" for name in figures}}
     # One run per training job, mirroring its metrics.jsonl step for step.
-    assert len(list((results / "wandb").glob("offline-run-*/run-*.wandb"))) == 1 + 2 * 2  # report + 2 x 2 trainings
+    runs = 1 + 2 * 2 + 1  # report + 2 models x (Focus, full fine-tune) + 1 LoRA cell
+    assert len(list((results / "wandb").glob("offline-run-*/run-*.wandb"))) == runs
     train = json.loads((results / "wandb" / "train" / "smollm2" / "focus.json").read_text())
     assert wandb_file.run_config(train["run_file"])["model"] == "smollm2"
     metrics = [json.loads(line) for line in (results / "train" / "smollm2" / "focus" / "metrics.jsonl").open()]
@@ -186,7 +233,8 @@ def test_wandb_run_file_holds_every_table_and_figure(mini_run):
 def test_html_report_embeds_tables_and_figures(mini_run):
     workdir, _ = mini_run
     html = (workdir / "report.html").read_text()
-    for name in ("perplexity.csv", "training.csv", "loss_curves.png", "perplexity.png", "speedup.png", "attention.csv"):
+    for name in ("perplexity.csv", "training.csv", "loss_curves.png", "perplexity.png", "speedup.png", "attention.csv",
+                 "truthfulqa.csv", "truthfulqa.png", "claims.csv", "long_context.png"):
         assert name in html
 
 
@@ -195,8 +243,9 @@ def test_forcerun_rebuilds_only_the_rule_and_its_dependants(mini_run):
     workdir, results = mini_run
     config = str(workdir / "config.yaml")
     planned = job_counts(snakemake(workdir, "--configfile", config, "-n", "--forcerun", "train_focus").stdout)
-    assert planned == {"train_focus": 2, "perplexity": 2 * 2, "tables": 1, "figures": 1, "wandb_report": 1,
-                       "notebook": 1, "all": 1}  # not tokenize, the baselines, or their perplexities
+    assert planned == {"train_focus": 2, "perplexity": 2 * 2, "benchmarks": 2, "long_context_perplexity": 2 * 2,
+                       "needle": 2, "evaluation_tables": 1, "tables": 1, "claims": 1, "figures": 1, "wandb_report": 1,
+                       "notebook": 1, "all": 1}  # not tokenize, the baselines (full, LoRA), or their evaluations
 
     files = [p for p in results.rglob("*") if p.is_file() and "wandb" not in p.parts]
     before = {p: p.stat().st_mtime_ns for p in files}

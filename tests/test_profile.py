@@ -37,6 +37,16 @@ def test_paper_profile_resolves_with_hub_access(monkeypatch):
     paper = yaml.safe_load((ROOT / "configs" / "paper.yaml").read_text())
     profile = resolve_profile(paper, SCHEMA)
     assert {"gpt2", "llama-3.1-8b", "mistral-7b", "qwen2.5-1.5b", "gemma-2-2b"} <= set(profile["models"])
+    assert profile["models"]["llama-3.1-70b"]["gpus"] == 8 and profile["models"]["gpt2"]["gpus"] == 1
+
+
+def test_evaluation_profile_resolves_the_lora_grid_and_the_methods_of_each_stage():
+    profile = resolve_profile(yaml.safe_load((ROOT / "configs" / "tiny-eval.yaml").read_text()), SCHEMA)
+    grid = ["lora_r4_lr1e-4", "lora_r4_lr1e-3", "lora_r16_lr1e-4", "lora_r16_lr1e-3"]
+    assert list(profile["lora"]["grid"]) == grid and profile["lora"]["grid"]["lora_r16_lr1e-3"]["alpha"] == 32
+    assert profile["models"]["smollm2"]["methods"] == ["pretrained", "focus-soft", "focus-hard", *grid]
+    assert profile["harness"]["methods"] == ["pretrained", "focus-soft", "focus-hard", *grid]
+    assert profile["long_context"]["methods"] == ["pretrained", "focus-soft", "focus-hard"]
 
 
 def test_method_variant():
@@ -68,6 +78,20 @@ BAD = {
     "benchmark setting with top_k > groups": (lambda c: c["benchmark"].update(settings=[[2, 64, 3]]),
                                               "benchmark.settings: FocusConfig.top_k (3) must be <= num_groups (2)"),
     "reserved variant name": (lambda c: c.update(variants={"pretrained": {}}), "variants"),
+    "variant name taken by the LoRA grid": (lambda c: c.update(variants={"lora_r4": {}}), "variants"),
+    "LoRA of an unknown model": (lambda c: c.update(lora={"models": ["gpt9"], "ranks": [4], "lrs": [1e-4]}),
+                                 "lora.models: 'gpt9' is not one of this profile's models"),
+    "unknown lm-eval task": (lambda c: c.update(harness={"tasks": ["mmlu"]}), "harness.tasks.0: 'mmlu' is not one of"),
+    "long context on a corpus without a test split": (
+        lambda c: c.update(long_context={"domain": "wikitext2", "context_lengths": [1024]})
+        or c["data"]["domains"].update(wikitext2=["validation"]) or c["perplexity"].update(domains=["books"]),
+        "data.domains.wikitext2: long_context needs split 'test'",
+    ),
+    "no gpus": (lambda c: c["models"]["smollm2"].update(gpus=0), "models.smollm2.gpus: 0 is less than the minimum"),
+    "batch not shared equally by the gpus": (
+        lambda c: c["models"]["smollm2"].update(gpus=3),
+        "models.smollm2.centroids.batch_size (2) must be a multiple of models.smollm2.gpus (3)",
+    ),
 }
 
 

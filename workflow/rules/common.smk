@@ -24,6 +24,9 @@ MODELS = list(P["models"])
 DOMAINS = list(P["data"]["domains"])
 VARIANTS = list(P["variants"])
 EVAL_DOMAINS = P["perplexity"]["domains"]
+LORA = P.get("lora") or {"models": [], "grid": {}}
+HARNESS = P.get("harness") or {"models": [], "methods": []}
+LONG = P.get("long_context") or {"models": [], "methods": []}
 WANDB = {"project": "focus", "entity": None, "mode": "offline", **P.get("wandb", {})}
 
 # W&B: offline unless the user configured otherwise; its cache and settings stay inside the results folder.
@@ -33,14 +36,17 @@ for variable, folder in (("WANDB_CACHE_DIR", "cache"), ("WANDB_CONFIG_DIR", "con
 
 
 def _alternatives(names):
-    return "|".join(re.escape(name) for name in names)
+    """A wildcard constraint matching exactly `names` (nothing at all when there are none)."""
+    return "|".join(re.escape(name) for name in names) or "(?!)"
 
 
 wildcard_constraints:
     model=_alternatives(MODELS),
     domain=_alternatives(DOMAINS),
     variant=_alternatives(VARIANTS),
-    method=_alternatives(P["methods"]),
+    method=_alternatives({method for spec in P["models"].values() for method in spec["methods"]}),
+    lora=_alternatives(LORA["grid"]),
+    context=r"\d+",
 
 
 # ---- paths ----------------------------------------------------------------------------------------------------
@@ -67,7 +73,30 @@ def train_metrics():
 
 
 def perplexity_files():
-    return [f"{R}/perplexity/{m}/{method}/{d}.json" for m in MODELS for method in P["methods"] for d in EVAL_DOMAINS]
+    return [f"{R}/perplexity/{m}/{method}/{d}.json" for m in MODELS for method in P["models"][m]["methods"] for d in EVAL_DOMAINS]
+
+
+def lora_summaries():
+    return [f"{train_folder(m, lora)}/summary.json" for m in LORA["models"] for lora in LORA["grid"]]
+
+
+def harness_files():
+    return [f"{R}/harness/{m}/{method}.json" for m in HARNESS["models"] for method in HARNESS["methods"]]
+
+
+def harness_samples():
+    return [f"{R}/harness/{m}/pretrained_samples" for m in HARNESS["models"]]
+
+
+def long_context_files():
+    return [
+        f"{R}/long_context/{m}/{method}/ctx{length}.json"
+        for m in LONG["models"] for method in LONG["methods"] for length in LONG["context_lengths"]
+    ]
+
+
+def needle_files():
+    return [f"{R}/long_context/{m}/{method}/needle.json" for m in LONG["models"] for method in LONG["methods"]] if LONG.get("needle") else []
 
 
 TABLES = {name: f"{R}/tables/{name}.csv" for name in ("perplexity", "training")}
@@ -75,6 +104,52 @@ FIGURES = {name: f"{R}/figures/{name}.png" for name in ("loss_curves", "perplexi
 if P.get("benchmark"):
     TABLES.update(speed_attention=f"{R}/bench/attention.csv", speed_prefill=f"{R}/bench/prefill.csv")
     FIGURES.update(speedup=f"{R}/figures/speedup.png")
+SCRATCH = P.get("scratch") or {}  # from-scratch comparison (workflow/rules/scratch.smk); resolved, every field set
+if SCRATCH:
+    TABLES.update(scratch=f"{R}/tables/scratch.csv")
+    FIGURES.update(scratch=f"{R}/figures/scratch.png")
+
+
+def scratch_runs(name):
+    """`name` (summary.json or metrics.jsonl) of every from-scratch (method, seed) run."""
+    seeds = SCRATCH.get("seeds", [])
+    return [f"{R}/scratch/{method}/seed{seed}/{name}" for method in ("full", "focus") for seed in seeds]
+
+
+def interpret_folder(model, variant):
+    return f"{R}/interpret/{model}/{variant}"
+
+
+def interpret_report(name, caption):
+    """An output of rule interpret that the HTML report shows, under Interpretability / <model> <variant>."""
+    return report(f"{interpret_folder('{model}', '{variant}')}/{name}", caption=f"../report/{caption}.rst",
+                  category="Interpretability", subcategory="{model} {variant}")
+
+
+INTERPRET = P.get("interpret")  # resolved: models, then focus.interpret.InterpretConfig fields
+for _model in (INTERPRET or {}).get("models", []):
+    for _variant in VARIANTS:
+        _folder = interpret_folder(_model, _variant)
+        TABLES[f"interpret_{_model}_{_variant}"] = f"{_folder}/group_layers.csv"
+        for _figure in ("group_categories", "group_categories_overview", "group_balance", "group_alignment"):
+            FIGURES[f"{_figure}_{_model}_{_variant}"] = f"{_folder}/{_figure}.png"
+
+
+if LORA["models"]:
+    TABLES.update(lora=f"{R}/tables/lora.csv")
+if HARNESS["models"]:
+    TABLES.update(benchmarks=f"{R}/tables/benchmarks.csv", prompt_lengths=f"{R}/tables/prompt_lengths.csv")
+    FIGURES.update(benchmarks=f"{R}/figures/benchmarks.png", prompt_lengths=f"{R}/figures/prompt_lengths.png")
+    if HARNESS["chat_tasks"]:
+        TABLES.update(truthfulqa=f"{R}/tables/truthfulqa.csv")
+        FIGURES.update(truthfulqa=f"{R}/figures/truthfulqa.png")
+if LONG["models"]:
+    TABLES.update(long_context=f"{R}/tables/long_context.csv")
+    FIGURES.update(long_context=f"{R}/figures/long_context.png")
+EVALUATION_TABLES = [name for name in ("benchmarks", "truthfulqa", "prompt_lengths", "lora", "long_context") if name in TABLES]
+TABLES.update(claims=f"{R}/tables/claims.csv")
+# The model the claims are judged on: the one the evaluation stages cover (SmolLM2 in the tiny profiles).
+MAIN_MODEL = (HARNESS["models"] or LONG["models"] or MODELS)[0]
 
 
 def final_targets():
@@ -92,14 +167,37 @@ def train_tokens(wildcards):
     return tokens_file(wildcards.model, P["train"]["domain"])
 
 
-def perplexity_inputs(wildcards):
-    inputs = {"tokens": tokens_file(wildcards.model, wildcards.domain)}
-    variant = method_variant(wildcards.method)
+def trained_input(model, method):
+    """{"trained": <the folder `method` loads on top of the model>} or {} for the pretrained model."""
+    variant = method_variant(method)
     if variant is not None:
-        inputs["trained"] = f"{train_folder(wildcards.model, variant[0])}/adapter"
-    elif wildcards.method == FULL_FINETUNE:
-        inputs["trained"] = f"{train_folder(wildcards.model, FULL_FINETUNE)}/model"
-    return inputs
+        return {"trained": f"{train_folder(model, variant[0])}/adapter"}
+    if method == FULL_FINETUNE:
+        return {"trained": f"{train_folder(model, FULL_FINETUNE)}/model"}
+    if method in LORA["grid"]:
+        return {"trained": f"{train_folder(model, method)}/adapter"}
+    return {}
+
+
+def perplexity_inputs(wildcards):
+    return {"tokens": tokens_file(wildcards.model, wildcards.domain), **trained_input(wildcards.model, wildcards.method)}
+
+
+def method_inputs(wildcards):
+    return trained_input(wildcards.model, wildcards.method)
+
+
+def long_context_inputs(wildcards):
+    return {"tokens": tokens_file(wildcards.model, LONG["domain"]), **trained_input(wildcards.model, wildcards.method)}
+
+
+def lora_training(wildcards):
+    """The model's centroid TrainConfig with the grid cell's learning rate: the same rows, steps and batch."""
+    return {**P["models"][wildcards.model]["centroids"], "lr": LORA["grid"][wildcards.lora]["lr"]}
+
+
+def lora_cell(wildcards):
+    return LORA["grid"][wildcards.lora]
 
 
 def bench_model_source(wildcards):
@@ -129,3 +227,39 @@ def centroid_training(wildcards):
 
 def full_finetune_training(wildcards):
     return P["models"][wildcards.model]["full_finetune"]
+
+
+def model_gpus(wildcards):
+    """GPUs of the model's training jobs; the job runs one process per GPU (resources.gpu, so --set-resources wins)."""
+    return P["models"][wildcards.model]["gpus"]
+
+
+def evaluation_outputs():
+    """Rule evaluation_tables' outputs: each table (CSV, in the report), its Markdown and figure where it has one."""
+    outputs = {}
+    for name in EVALUATION_TABLES:
+        outputs[name] = report(TABLES[name], caption=f"../report/{name}_table.rst", category="Evaluation")
+        outputs[f"{name}_md"] = TABLES[name].replace(".csv", ".md")
+        if name in FIGURES:
+            outputs[f"{name}_figure"] = report(FIGURES[name], caption=f"../report/{name}_figure.rst", category="Evaluation")
+            outputs[f"{name}_figure_svg"] = FIGURES[name].replace(".png", ".svg")
+    return outputs
+
+
+def claims_extras():
+    """JSON records the claims report reads besides the tables: the from-scratch and interpretability summaries."""
+    extras = {}
+    if P.get("scratch"):
+        extras["scratch"] = f"{R}/scratch/summary.json"
+    if MAIN_MODEL in (INTERPRET or {}).get("models", []):
+        extras["interpret"] = f"{R}/interpret/{MAIN_MODEL}/{VARIANTS[0]}/summary.json"
+    return extras
+
+
+def claims_inputs(wildcards):
+    """Every table of the profile but the claims table itself (keys = table names), plus `claims_extras`."""
+    return {**{name: path for name, path in TABLES.items() if name != "claims"}, **claims_extras()}
+
+
+def scratch_tokens(wildcards):
+    return f"{R}/scratch/data/{SCRATCH['domain']}.safetensors"

@@ -21,3 +21,67 @@ rule perplexity:
     threads: 1
     script:
         "../scripts/perplexity.py"
+
+
+rule benchmarks:
+    """lm-eval scores of one (model, method) on the profile's tasks (TruthfulQA with the chat template)."""
+    conda:
+        ENVIRONMENT
+    input:
+        unpack(method_inputs),
+    output:
+        record=f"{R}/harness/{{model}}/{{method}}.json",
+        samples=directory(f"{R}/harness/{{model}}/{{method}}_samples"),
+    log:
+        f"{R}/logs/benchmarks/{{model}}/{{method}}.log",
+    params:
+        source=model_source,
+        dtype=model_dtype,
+        tasks=HARNESS.get("tasks"),
+        chat_tasks=HARNESS.get("chat_tasks"),
+        limit=HARNESS.get("limit"),
+        batch_size=HARNESS.get("batch_size"),
+        mirror=P["data"].get("mirror"),
+    threads: 2
+    script:
+        "../scripts/benchmarks.py"
+
+
+rule long_context_perplexity:
+    """Perplexity of one (model, method) at one context length, on long passages where Focus sparsifies."""
+    conda:
+        ENVIRONMENT
+    input:
+        unpack(long_context_inputs),
+    output:
+        f"{R}/long_context/{{model}}/{{method}}/ctx{{context}}.json",
+    log:
+        f"{R}/logs/long_context/{{model}}/{{method}}/ctx{{context}}.log",
+    params:
+        source=model_source,
+        dtype=model_dtype,
+        max_tokens=LONG.get("max_tokens"),
+        batch_size=LONG.get("batch_size"),
+        domain=LONG.get("domain"),
+    threads: 2
+    script:
+        "../scripts/long_context_perplexity.py"
+
+
+rule needle:
+    """Pass-key retrieval from long passages: greedy answer and the key's log-probability per trial."""
+    conda:
+        ENVIRONMENT
+    input:
+        unpack(long_context_inputs),
+    output:
+        f"{R}/long_context/{{model}}/{{method}}/needle.json",
+    log:
+        f"{R}/logs/needle/{{model}}/{{method}}.log",
+    params:
+        source=model_source,
+        dtype=model_dtype,
+        needle=LONG.get("needle"),
+    threads: 2
+    script:
+        "../scripts/needle.py"

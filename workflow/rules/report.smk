@@ -34,6 +34,48 @@ rule figures:
         "../scripts/figures.py"
 
 
+if EVALUATION_TABLES:
+
+    rule evaluation_tables:
+        """Benchmark, TruthfulQA, prompt-length, LoRA and long-context tables and figures."""
+        conda:
+            ENVIRONMENT
+        input:
+            benchmarks=harness_files(),
+            samples=harness_samples(),
+            lora=lora_summaries(),
+            perplexity=perplexity_files(),
+            long_context=long_context_files(),
+            needle=needle_files(),
+        output:
+            **evaluation_outputs(),
+        log:
+            f"{R}/logs/evaluation_tables.log",
+        params:
+            sources={model: P["models"][model]["source"] for model in HARNESS["models"]},
+            focus={model: P["models"][model]["variants"] for model in HARNESS["models"]},
+        script:
+            "../scripts/evaluation_tables.py"
+
+
+rule claims:
+    """Every claim of the paper: its number, ours with the setting, and a verdict (Markdown, CSV, W&B)."""
+    conda:
+        ENVIRONMENT
+    input:
+        unpack(claims_inputs),
+    output:
+        csv=report(TABLES["claims"], caption="../report/claims.rst", category="Claims"),
+        md=f"{R}/tables/claims.md",
+    log:
+        f"{R}/logs/claims.log",
+    params:
+        main_model=MAIN_MODEL,
+        train_domain=P["train"]["domain"],
+    script:
+        "../scripts/claims.py"
+
+
 rule wandb_report:
     """Every table and figure, logged to one W&B run (offline by default: results/<profile>/wandb)."""
     conda:

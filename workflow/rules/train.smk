@@ -25,6 +25,8 @@ rule train_focus:
         wandb=WANDB,
         group=P["name"],
     threads: 2
+    resources:
+        gpu=model_gpus,  # > 1: one process per GPU, the frozen model sharded over them (focus.distributed)
     script:
         "../scripts/train_focus.py"
 
@@ -52,5 +54,37 @@ rule train_full_finetune:
         wandb=WANDB,
         group=P["name"],
     threads: 2
+    resources:
+        gpu=model_gpus,
     script:
         "../scripts/train_full_finetune.py"
+
+
+rule train_lora:
+    """One LoRA baseline of the grid (PEFT): the same rows, steps and batch as the centroids, the cell's rank and lr."""
+    conda:
+        ENVIRONMENT
+    input:
+        tokens=train_tokens,
+    output:
+        adapter=directory(f"{R}/train/{{model}}/{{lora}}/adapter"),
+        metrics=f"{R}/train/{{model}}/{{lora}}/metrics.jsonl",
+        summary=f"{R}/train/{{model}}/{{lora}}/summary.json",
+        wandb=f"{R}/wandb/train/{{model}}/{{lora}}.json",
+    log:
+        f"{R}/logs/train_lora/{{model}}/{{lora}}.log",
+    params:
+        source=model_source,
+        dtype=model_dtype,
+        cell=lora_cell,
+        target_modules=LORA.get("target_modules"),
+        dropout=LORA.get("dropout"),
+        train=lora_training,
+        seq_len=TRAIN["seq_len"],
+        calibration_rows=TRAIN.get("calibration_rows", 8),
+        eval_rows=TRAIN.get("eval_rows", 0),
+        wandb=WANDB,
+        group=P["name"],
+    threads: 2
+    script:
+        "../scripts/train_lora.py"

@@ -1,0 +1,266 @@
+"""Tables and figures of the evaluation stages: benchmarks, TruthfulQA, LoRA grid, prompt lengths, long context.
+
+Same conventions as `focus.report`: CSV is the record (long form), a Markdown sibling for reading, PNG + SVG.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .files import write_text
+from .harness import CHAT_TASKS, HEADLINE
+from .lora import parse_lora_name
+from .profile import PRETRAINED, method_variant
+from .report import _markdown, _panels, _save
+
+
+def method_kind(method: str) -> str:
+    """"pretrained", "focus-soft", "focus-hard" (any variant), "lora" or the method itself."""
+    if parse_lora_name(method) is not None:
+        return "lora"
+    variant = method_variant(method)
+    return method if variant is None else f"focus-{variant[1]}"
+
+
+def benchmark_frame(records: list[str | Path]) -> pd.DataFrame:
+    """One row per (model, method, task): the headline metric, its standard error, documents, chat template."""
+    rows = []
+    for path in records:
+        record = json.loads(Path(path).read_text())
+        lora = parse_lora_name(record["method"])
+        for task, metrics in record["tasks"].items():
+            if "skipped" in metrics:
+                continue
+            metric = HEADLINE[task]
+            rows.append({
+                "model": record["model"],
+                "method": record["method"],
+                "kind": method_kind(record["method"]),
+                "rank": lora[0] if lora else None,
+                "lr": lora[1] if lora else None,
+                "task": task,
+                "metric": metric,
+                "value": metrics[metric],
+                "stderr": metrics.get(f"{metric}_stderr"),
+                "documents": metrics["documents"],
+                "chat_template": metrics["chat_template"],
+            })
+    return pd.DataFrame(rows)
+
+
+def prompt_length_frame(samples: dict[str, str | Path], tokenizers: dict[str, object], focus: dict[str, dict]) -> pd.DataFrame:
+    """Prompt lengths of every benchmark document against each Focus variant's window.
+
+    Args:
+        samples: {model: folder of lm-eval sample logs (<task>.jsonl)}.
+        tokenizers: {model: its tokenizer}.
+        focus: {model: {variant: FocusConfig dict}}.
+    Returns one row per (model, task, variant): documents, median / 90th percentile / max prompt tokens (context
+    plus the longest continuation, as the model scores it), the window, and the share of documents longer than
+    window + sink tokens: the only ones on which Focus differs from full attention at all.
+    """
+    rows = []
+    for model, folder in samples.items():
+        for path in sorted(Path(folder).glob("*.jsonl")):
+            lengths = np.array([_document_tokens(json.loads(line), tokenizers[model]) for line in path.open()])
+            for variant, config in focus[model].items():
+                reach = config["window"] + config["sink_tokens"]
+                rows.append({
+                    "model": model,
+                    "task": path.stem,
+                    "variant": variant,
+                    "documents": len(lengths),
+                    "median_tokens": float(np.median(lengths)),
+                    "p90_tokens": float(np.percentile(lengths, 90)),
+                    "max_tokens": int(lengths.max()),
+                    "window": config["window"],
+                    "share_focus_differs": float((lengths > reach).mean()),
+                })
+    return pd.DataFrame(rows)
+
+
+def _document_tokens(sample: dict, tokenizer) -> int:
+    """Tokens of the longest (context, continuation) request of one lm-eval document."""
+    return max(len(tokenizer(context + continuation, add_special_tokens=False).input_ids)
+               for context, continuation in sample["arguments"])
+
+
+def lora_frame(summaries: list[str | Path], perplexity_records: list[str | Path]) -> pd.DataFrame:
+    """One row per LoRA cell: rank, lr, trainable parameters, final losses, perplexity per domain."""
+    ppl = {}
+    for path in perplexity_records:
+        record = json.loads(Path(path).read_text())
+        ppl[(record["model"], record["method"], record["domain"])] = record["perplexity"]
+    rows = []
+    for path in summaries:
+        summary = json.loads(Path(path).read_text())
+        model, method = Path(path).parent.parent.name, Path(path).parent.name
+        row = {
+            "model": model,
+            "method": method,
+            "rank": summary["lora_config"]["r"],
+            "lr": summary["train_config"]["lr"],
+            "trainable_parameters": summary["trainable_parameters"],
+            "train_loss": summary["final"].get("train/loss"),
+            "eval_loss": summary["final"].get("eval/loss"),
+            "seconds": summary["seconds"],
+        }
+        row.update({f"ppl_{domain}": value for (m, meth, domain), value in ppl.items() if (m, meth) == (model, method)})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def long_context_frame(perplexity_records: list[str | Path], needle_records: list[str | Path]) -> pd.DataFrame:
+    """One row per (model, method, measure, context length): perplexity, or needle accuracy and mean key log-prob."""
+    rows = []
+    for path in perplexity_records:
+        record = json.loads(Path(path).read_text())
+        rows.append({"model": record["model"], "method": record["method"], "measure": "perplexity",
+                     "context_length": record["context_length"], "value": record["perplexity"], "trials": None})
+    for path in needle_records:
+        record = json.loads(Path(path).read_text())
+        trials = pd.DataFrame(record["trials"])
+        for length, cell in trials.groupby("length"):
+            base = {"model": record["model"], "method": record["method"], "context_length": int(length),
+                    "trials": len(cell)}
+            rows.append({**base, "measure": "needle_accuracy", "value": float(cell["correct"].mean())})
+            rows.append({**base, "measure": "needle_key_logprob", "value": float(cell["key_logprob"].mean())})
+    return pd.DataFrame(rows)
+
+
+def write_evaluation_tables(
+    benchmark_records: list[str | Path],
+    samples: dict[str, str | Path],
+    sources: dict[str, str],
+    focus: dict[str, dict],
+    lora_summaries: list[str | Path],
+    perplexity_records: list[str | Path],
+    long_context_records: list[str | Path],
+    needle_records: list[str | Path],
+    outputs: dict[str, str | Path],
+) -> None:
+    """Write each table named in `outputs` (benchmarks, truthfulqa, prompt_lengths, lora, long_context) as CSV +
+    Markdown, and its figure where `outputs` names one (key + "_figure")."""
+    from .models import load_tokenizer
+
+    frames = {}
+    if "benchmarks" in outputs:
+        bench = benchmark_frame(benchmark_records)
+        frames["benchmarks"] = bench[~bench["task"].isin(CHAT_TASKS)]
+        frames["truthfulqa"] = bench[bench["task"].isin(CHAT_TASKS)]
+        tokenizers = {model: load_tokenizer(source) for model, source in sources.items() if model in samples}
+        frames["prompt_lengths"] = prompt_length_frame(samples, tokenizers, focus)
+    if "lora" in outputs:
+        frames["lora"] = lora_frame(lora_summaries, perplexity_records)
+    if "long_context" in outputs:
+        frames["long_context"] = long_context_frame(long_context_records, needle_records)
+    for name, frame in frames.items():
+        if name in outputs:
+            write_text(outputs[name], frame.to_csv(index=False))
+            write_text(Path(outputs[name]).with_suffix(".md"), _markdown(_readable(name, frame), ".4g") + "\n")
+        if f"{name}_figure" in outputs:
+            _FIGURES[name](frame, outputs[f"{name}_figure"])
+
+
+def _readable(name: str, frame: pd.DataFrame) -> pd.DataFrame:
+    """The Markdown layout: benchmark scores pivoted to one column per task, the rest as they are."""
+    if name in ("benchmarks", "truthfulqa") and not frame.empty:
+        return frame.pivot_table(index=["model", "method"], columns="task", values="value", sort=False).reset_index()
+    if name == "long_context" and not frame.empty:
+        return frame.pivot_table(index=["model", "measure", "method"], columns="context_length", values="value",
+                                 sort=False).reset_index()
+    return frame
+
+
+def plot_benchmarks(frame: pd.DataFrame, figure: str | Path) -> None:
+    """Grouped bars: one group per task, one bar per method, with standard-error whiskers."""
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(frame["model"]))
+    fig, axes = _panels(plt, len(models))
+    for ax, model in zip(axes, models):
+        part = frame[frame["model"] == model]
+        tasks, methods = list(dict.fromkeys(part["task"])), list(dict.fromkeys(part["method"]))
+        width = 0.8 / len(methods)
+        for i, method in enumerate(methods):
+            rows = part[part["method"] == method].set_index("task").reindex(tasks)
+            ax.bar(np.arange(len(tasks)) + i * width, rows["value"], width, yerr=rows["stderr"], label=method, capsize=2)
+        ax.set_xticks(np.arange(len(tasks)) + 0.4 - width / 2, tasks, rotation=20)
+        ax.set_ylabel("accuracy")
+        ax.set_title(f"{model}: lm-eval, zero-shot (limit {int(part['documents'].max())} docs)")
+        ax.legend(fontsize=7)
+    _save(fig, figure)
+
+
+def plot_truthfulqa(frame: pd.DataFrame, figure: str | Path) -> None:
+    """MC1 and MC2 against LoRA rank (one line per learning rate), pretrained and Focus as horizontal lines."""
+    import matplotlib.pyplot as plt
+
+    tasks = list(dict.fromkeys(frame["task"]))
+    fig, axes = _panels(plt, len(tasks))
+    for ax, task in zip(axes, tasks):
+        part = frame[frame["task"] == task]
+        lora = part[part["kind"] == "lora"]
+        for lr, cells in lora.groupby("lr"):
+            cells = cells.sort_values("rank")
+            ax.errorbar(cells["rank"], cells["value"], yerr=cells["stderr"], marker="o", capsize=2, label=f"LoRA lr {lr:g}")
+        for (_, row), style in zip(part[part["kind"] != "lora"].iterrows(), ("-", "--", ":", "-.")):
+            ax.axhline(row["value"], linestyle=style, color="black" if row["kind"] == PRETRAINED else "tab:red",
+                       label=row["method"])
+        if not lora.empty:
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(sorted(set(lora["rank"])), [str(r) for r in sorted(set(lora["rank"]))])
+        ax.set_xlabel("LoRA rank")
+        ax.set_ylabel("accuracy")
+        ax.set_title(f"{task} (chat template, {int(part['documents'].max())} questions)")
+        ax.legend(fontsize=7)
+    _save(fig, figure)
+
+
+def plot_prompt_lengths(frame: pd.DataFrame, figure: str | Path) -> None:
+    """Per task: the share of documents on which Focus differs from full attention, with the median length."""
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(frame["model"]))
+    fig, axes = _panels(plt, len(models))
+    for ax, model in zip(axes, models):
+        part = frame[frame["model"] == model].drop_duplicates("task")
+        ax.barh(part["task"], part["share_focus_differs"], color="tab:blue")
+        for y, (_, row) in enumerate(part.iterrows()):
+            ax.text(min(row["share_focus_differs"], 0.75) + 0.02, y, f"median {row['median_tokens']:.0f} tok, "
+                    f"window {row['window']}", va="center", fontsize=7)
+        ax.set_xlim(0, 1)
+        ax.set_xlabel("share of prompts longer than the Focus window (Focus differs at all)")
+        ax.set_title(model)
+    _save(fig, figure)
+
+
+def plot_long_context(frame: pd.DataFrame, figure: str | Path) -> None:
+    """Perplexity against context length per method, and needle accuracy against prompt length."""
+    import matplotlib.pyplot as plt
+
+    measures = [m for m in ("perplexity", "needle_accuracy") if m in set(frame["measure"])]
+    fig, axes = _panels(plt, len(measures))
+    for ax, measure in zip(axes, measures):
+        part = frame[frame["measure"] == measure]
+        for (model, method), cells in part.groupby(["model", "method"], sort=False):
+            cells = cells.sort_values("context_length")
+            ax.plot(cells["context_length"], cells["value"], marker="o", label=f"{model} {method}")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("context length (tokens)")
+        ax.set_ylabel(measure.replace("_", " "))
+        ax.set_title("long passages" if measure == "perplexity" else "pass-key retrieval")
+        ax.legend(fontsize=7)
+    _save(fig, figure)
+
+
+_FIGURES = {
+    "benchmarks": plot_benchmarks,
+    "truthfulqa": plot_truthfulqa,
+    "prompt_lengths": plot_prompt_lengths,
+    "long_context": plot_long_context,
+}

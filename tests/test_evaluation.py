@@ -1,0 +1,178 @@
+"""The evaluation stages: lm-eval on a live Focus model, LoRA adapters, the needle check, the claims report."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from focus import FocusConfig, apply_focus, set_focus_mode
+from focus.claims import CLAIMS, FAILS, HOLDS, UNTESTED, judge_claims
+from focus.data import find_mirror
+from focus.experiments import load_method, train_lora
+from focus.harness import run_tasks, write_mirror_tasks
+from focus.lora import lora_name, parse_lora_name
+from focus.models import load_model
+from focus.needle import needle_trials
+from focus.profile import method_variant
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+@pytest.fixture(scope="module")
+def tasks(tmp_path_factory):
+    if find_mirror() is None:
+        pytest.skip("no data mirror (../shared/data)")
+    folder = tmp_path_factory.mktemp("tasks")
+    write_mirror_tasks(folder)
+    return folder
+
+
+def _loglikelihoods(samples: dict[str, list[dict]]) -> torch.Tensor:
+    return torch.tensor([float(resp[0][0]) for task in sorted(samples) for doc in samples[task] for resp in doc["resps"]])
+
+
+@pytest.mark.parametrize("mode", ["soft", "hard"])
+def test_lm_eval_with_focus_window_beyond_every_prompt_equals_the_plain_model(tasks, monkeypatch, mode):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model, tokenizer = load_model("tiny:llama")
+    names = ["arc_easy", "truthfulqa_mc1", "hellaswag"]
+    plain_metrics, plain = run_tasks(model, tokenizer, names, tasks, limit=4, batch_size=4)
+    assert plain_metrics["hellaswag"] == {"skipped": "not in the data mirror and the hub is offline"}
+    assert plain_metrics["arc_easy"]["documents"] == 4 and 0 <= plain_metrics["arc_easy"]["acc"] <= 1
+
+    apply_focus(model, FocusConfig(num_groups=4, window=4096, top_k=1))  # longer than any prompt here
+    set_focus_mode(model, mode)
+    focus_metrics, focus = run_tasks(model, tokenizer, names, tasks, limit=4, batch_size=4)
+    assert focus_metrics == plain_metrics
+    torch.testing.assert_close(_loglikelihoods(focus), _loglikelihoods(plain), atol=1e-4, rtol=1e-5)
+
+    set_focus_mode(model, mode, window=8)  # shorter than every prompt: now Focus must change the scores
+    _, narrow = run_tasks(model, tokenizer, names, tasks, limit=4, batch_size=4)
+    assert (_loglikelihoods(narrow) - _loglikelihoods(plain)).abs().max() > 1e-3
+
+
+def test_chat_template_wraps_truthfulqa_prompts(tasks, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model, tokenizer = load_model("tiny:llama")
+    _, samples = run_tasks(model, tokenizer, ["truthfulqa_mc2"], tasks, limit=1, chat_template=True)
+    context = samples["truthfulqa_mc2"][0]["arguments"][0][0]
+    assert context.startswith("<|im_start|>system") and context.rstrip().endswith("<|im_start|>assistant")
+    assert "Q: What is human life expectancy" in context  # the stock 6-shot preamble, inside the user turn
+
+
+def test_lora_names_round_trip_and_are_not_focus_methods():
+    for rank, lr in ((4, 1e-4), (16, 3e-4), (64, 1e-3), (8, 2.5e-5)):
+        name = lora_name(rank, lr)
+        assert re.fullmatch(r"lora_r\d+_lr[\d.]+e-\d+", name)
+        assert parse_lora_name(name) == (rank, pytest.approx(lr))
+        assert method_variant(name) is None
+    assert lora_name(8, 1e-4) == "lora_r8_lr1e-4"
+    assert parse_lora_name("focus-hard") is None
+
+
+def test_lora_stage_writes_a_peft_adapter_that_reloads(tmp_path):
+    tokens = tmp_path / "tokens.safetensors"
+    generator = torch.Generator().manual_seed(0)
+    save_file({"train": torch.randint(3, 4000, (16 * 64,), generator=generator, dtype=torch.int32),
+               "validation": torch.randint(3, 4000, (4 * 64,), generator=generator, dtype=torch.int32)}, str(tokens))
+    train = {"steps": 3, "batch_size": 2, "lr": 1e-2, "log_every": 1, "checkpoint_every": 0}
+    summary = train_lora("tiny:llama", "float32", 4, 8.0, ["q_proj", "v_proj"], 0.0, train, tokens, 64, 2, 2,
+                         tmp_path / "adapter", tmp_path / "metrics.jsonl", tmp_path / "summary.json", progress=False)
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert config["r"] == 4 and config["lora_alpha"] == 8 and sorted(config["target_modules"]) == ["q_proj", "v_proj"]
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()
+    # 2 layers x 2 modules x (A: r x in + B: out x r)
+    assert summary["trainable_parameters"] > 0 and summary["final"]["step"] == 3
+
+    from peft import PeftModel
+
+    base, _ = load_model("tiny:llama")
+    reloaded = PeftModel.from_pretrained(base, str(tmp_path / "adapter"))
+    b_weights = [p for n, p in reloaded.named_parameters() if "lora_B" in n]
+    assert b_weights and all(p.abs().max() > 0 for p in b_weights)  # trained: B starts at zero
+    merged, _ = load_method("tiny:llama", "float32", lora_name(4, 1e-2), tmp_path / "adapter")
+    plain, _ = load_model("tiny:llama")
+    ids = torch.randint(3, 4000, (1, 32))
+    with torch.no_grad():
+        torch.testing.assert_close(merged(ids).logits, reloaded(input_ids=ids).logits, atol=1e-5, rtol=1e-5)
+        assert (merged(ids).logits - plain(ids).logits).abs().max() > 1e-4
+
+
+def test_needle_prompts_are_exactly_the_requested_length(tmp_path):
+    model, tokenizer = load_model("tiny:llama")
+    filler = torch.randint(3, 4000, (5000,), generator=torch.Generator().manual_seed(0))
+    seen = []
+    forward = model.forward
+
+    def spy(*args, **kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        seen.append(ids.shape[1])
+        return forward(*args, **kwargs)
+
+    model.forward = spy
+    records = needle_trials(model, tokenizer, filler, [128, 256], [0.0, 1.0], trials=2, progress=False)
+    assert len(records) == 2 * 2 * 2 and {r["length"] for r in records} == {128, 256}
+    assert all(len(r["key"]) == 5 and isinstance(r["correct"], bool) and r["key_logprob"] < 0 for r in records)
+    assert 128 in seen and 256 in seen  # the generate call's prompt
+    deep, shallow = (r for r in records if r["length"] == 256 and r["trial"] == 0)
+    assert deep["distance"] > shallow["distance"]  # depth 0: the needle is as far from the question as it gets
+
+
+# ---- the claims report ---------------------------------------------------------------------------------------
+
+
+def _paper_claims() -> list[tuple[str, str]]:
+    for folder in (ROOT.parent / "shared", ROOT / "shared"):
+        if (folder / "PAPER.md").is_file():
+            text = (folder / "PAPER.md").read_text()
+            table = text.split("## The claims, as numbers")[1].split("\n## ")[0]
+            rows = [line.strip().strip("|").split("|") for line in table.splitlines() if line.startswith("|")]
+            return [(claim.strip(), paper.strip()) for claim, paper in rows[2:]]  # header and rule skipped
+    pytest.skip("PAPER.md not found beside the repository")
+
+
+def test_claims_report_lists_every_claim_of_the_paper():
+    paper = _paper_claims()
+    assert len(paper) == 8
+    assert [(c.claim, c.paper) for c in CLAIMS] == paper
+    frame = judge_claims({"main_model": "m", "train_domain": "books"})  # nothing measured
+    assert list(frame["claim"]) == [claim for claim, _ in paper]
+    assert (frame["verdict"] == UNTESTED).all()
+
+
+def _bench(values: dict[str, tuple[float, float]], task="truthfulqa_mc1") -> pd.DataFrame:
+    rows = []
+    for method, (value, stderr) in values.items():
+        kind = "lora" if method.startswith("lora_") else ("pretrained" if method == "pretrained" else "focus-hard")
+        rows.append({"model": "m", "method": method, "kind": kind, "task": task, "value": value, "stderr": stderr,
+                     "documents": 100})
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize(
+    ("values", "verdict"),
+    [
+        ({"pretrained": (0.40, 0.02), "focus-hard": (0.39, 0.02), "lora_r4_lr1e-4": (0.35, 0.02)}, HOLDS),
+        ({"pretrained": (0.40, 0.02), "focus-hard": (0.30, 0.02), "lora_r4_lr1e-4": (0.35, 0.02)}, FAILS),  # Focus loses
+        ({"pretrained": (0.40, 0.02), "focus-hard": (0.40, 0.02), "lora_r4_lr1e-4": (0.41, 0.02)}, FAILS),  # LoRA keeps
+    ],
+)
+def test_alignment_verdict_follows_its_rule(values, verdict):
+    frame = judge_claims({"main_model": "m", "train_domain": "books", "truthfulqa": _bench(values)})
+    assert frame.set_index("claim").loc["alignment", "verdict"] == verdict
+
+
+def test_zero_degradation_verdict_allows_noise_and_reports_prompt_coverage():
+    within = _bench({"pretrained": (0.50, 0.05), "focus-hard": (0.45, 0.05)}, task="arc_easy")
+    lengths = pd.DataFrame({"task": ["arc_easy", "truthfulqa_mc1"], "share_focus_differs": [0.25, 1.0]})
+    row = judge_claims({"main_model": "m", "train_domain": "b", "benchmarks": within, "prompt_lengths": lengths}).iloc[1]
+    assert row["verdict"] == HOLDS and "25% of prompts" in row["ours"]
+    beyond = _bench({"pretrained": (0.50, 0.01), "focus-hard": (0.40, 0.01)}, task="arc_easy")
+    assert judge_claims({"main_model": "m", "train_domain": "b", "benchmarks": beyond}).iloc[1]["verdict"] == FAILS

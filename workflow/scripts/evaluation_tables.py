@@ -1,0 +1,17 @@
+"""Rule evaluation_tables: benchmark, TruthfulQA, prompt-length, LoRA and long-context tables and figures."""
+
+from focus.eval_report import write_evaluation_tables
+from focus.experiments import start_job
+
+start_job(snakemake.log[0], 1)
+write_evaluation_tables(
+    benchmark_records=snakemake.input.benchmarks,
+    samples={path.split("/")[-2]: path for path in snakemake.input.samples},
+    sources=snakemake.params.sources,
+    focus=snakemake.params.focus,
+    lora_summaries=snakemake.input.lora,
+    perplexity_records=snakemake.input.perplexity,
+    long_context_records=snakemake.input.long_context,
+    needle_records=snakemake.input.needle,
+    outputs={name: path for name, path in snakemake.output.items() if not name.endswith(("_md", "_svg"))},
+)

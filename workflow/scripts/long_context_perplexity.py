@@ -1,0 +1,17 @@
+"""Rule long_context_perplexity: one (model, method, context length)."""
+
+from focus.experiments import evaluate_perplexity, start_job
+
+start_job(snakemake.log[0], snakemake.threads)
+evaluate_perplexity(
+    source=snakemake.params.source,
+    dtype=snakemake.params.dtype,
+    method=snakemake.wildcards.method,
+    tokens=snakemake.input.tokens,
+    output=snakemake.output[0],
+    context_length=int(snakemake.wildcards.context),
+    max_tokens=snakemake.params.max_tokens,
+    batch_size=snakemake.params.batch_size,
+    trained=snakemake.input.get("trained"),
+    labels={"model": snakemake.wildcards.model, "domain": snakemake.params.domain},
+)

@@ -1,0 +1,15 @@
+"""Rule needle: pass-key retrieval of one (model, method)."""
+
+from focus.experiments import evaluate_needle, start_job
+
+start_job(snakemake.log[0], snakemake.threads)
+evaluate_needle(
+    source=snakemake.params.source,
+    dtype=snakemake.params.dtype,
+    method=snakemake.wildcards.method,
+    tokens=snakemake.input.tokens,
+    output=snakemake.output[0],
+    trained=snakemake.input.get("trained"),
+    labels={"model": snakemake.wildcards.model},
+    **snakemake.params.needle,
+)
