@@ -176,3 +176,16 @@ def test_zero_degradation_verdict_allows_noise_and_reports_prompt_coverage():
     assert row["verdict"] == HOLDS and "25% of prompts" in row["ours"]
     beyond = _bench({"pretrained": (0.50, 0.01), "focus-hard": (0.40, 0.01)}, task="arc_easy")
     assert judge_claims({"main_model": "m", "train_domain": "b", "benchmarks": beyond}).iloc[1]["verdict"] == FAILS
+
+
+def test_hub_only_tasks_are_skipped_at_once_when_the_hub_does_not_answer(monkeypatch):
+    from huggingface_hub import constants
+
+    from focus.harness import hub_unavailable
+
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens on the discard port
+    assert hub_unavailable().startswith("not in the data mirror and the hub is unreachable")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert hub_unavailable() == "not in the data mirror and the hub is offline"

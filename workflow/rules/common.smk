@@ -44,7 +44,7 @@ wildcard_constraints:
     model=_alternatives(MODELS),
     domain=_alternatives(DOMAINS),
     variant=_alternatives(VARIANTS),
-    method=_alternatives({method for spec in P["models"].values() for method in spec["methods"]}),
+    method=_alternatives(sorted({method for spec in P["models"].values() for method in spec["methods"]})),
     lora=_alternatives(LORA["grid"]),
     context=r"\d+",
 
