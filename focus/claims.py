@@ -80,8 +80,8 @@ def _from_scratch(r):
     if scratch is None:
         return None
     full, focus = scratch["methods"]["full"], scratch["methods"]["focus"]
-    ours = f"Focus {focus['mean']:.2f} ± {focus['std']:.2f} vs full {full['mean']:.2f} ± {full['std']:.2f}"
-    spread = max(full["std"], focus["std"])
+    ours = f"Focus {focus['mean']:.2f} ± {focus['std'] or 0:.2f} vs full {full['mean']:.2f} ± {full['std'] or 0:.2f}"
+    spread = max(full["std"] or 0.0, focus["std"] or 0.0)  # None with a single seed
     return ours, f"{scratch['setting']}; {len(full['seeds'])} seeds", HOLDS if focus["mean"] <= full["mean"] + spread else FAILS
 
 

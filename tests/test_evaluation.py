@@ -189,3 +189,14 @@ def test_hub_only_tasks_are_skipped_at_once_when_the_hub_does_not_answer(monkeyp
     assert hub_unavailable().startswith("not in the data mirror and the hub is unreachable")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert hub_unavailable() == "not in the data mirror and the hub is offline"
+
+
+@pytest.mark.parametrize(("focus", "full", "verdict"), [((13.82, 0.1), (13.89, 0.1), HOLDS), ((15.0, 0.1), (13.9, 0.2), FAILS),
+                                                        ((13.9, None), (13.8, None), FAILS)])
+def test_from_scratch_verdict_reads_the_scratch_summary(focus, full, verdict):
+    def method(mean, std):
+        return {"mean": mean, "std": std, "seeds": {0: mean} if std is None else {0: mean - std, 1: mean + std}}
+
+    scratch = {"setting": "s", "methods": {"focus": method(*focus), "full": method(*full)}}
+    row = judge_claims({"main_model": "m", "train_domain": "b", "scratch": scratch}).iloc[3]
+    assert row["claim"] == "trained from scratch, 7B on 2B tokens" and row["verdict"] == verdict
