@@ -1,0 +1,12 @@
+"""Rule scratch_summary: full attention against Focus trained from scratch (table, figure, summary JSON)."""
+
+from focus.experiments import start_job
+from focus.scratch import summarize_scratch
+
+start_job(snakemake.log[0], snakemake.threads)
+summarize_scratch(
+    summaries=snakemake.input.summaries,
+    table_csv=snakemake.output.table,
+    figure=snakemake.output.figure,
+    summary_json=snakemake.output.summary,
+)
