@@ -153,7 +153,7 @@ def mini_run(tmp_path_factory):
 def test_minimal_run_writes_sane_artifacts(mini_run):
     _, results = mini_run
     table = pd.read_csv(results / "tables" / "perplexity.csv")
-    assert len(table) == 2 * 4  # models x methods, one domain
+    assert len(table) == 2 * 4 + 1  # models x methods, one domain; + the LoRA cell of tiny-qwen2
     ppl = table.set_index(["model", "method"])["perplexity"]
     assert 10 < ppl["smollm2", "pretrained"] < 60  # SmolLM2 on books text at context 128
     for method in ("full_finetune", "focus-soft", "focus-hard"):
@@ -263,7 +263,8 @@ def test_forcerun_rebuilds_only_the_rule_and_its_dependants(mini_run):
 def test_killed_training_job_resumes_from_its_checkpoint(tmp_path):
     config = json.loads(json.dumps(MINI))
     config.update(name="resume", models={"tiny-llama": {"source": "tiny:llama"}})
-    config.pop("benchmark")
+    for section in ("benchmark", "lora", "harness", "long_context"):
+        config.pop(section)
     config["train"].update(full_finetune=None, seq_len=64)
     config["train"]["centroids"].update(steps=300, checkpoint_every=20, log_every=10)
     path = str(write_config(tmp_path, config))
