@@ -115,10 +115,12 @@ def plot_figures(
 
 
 def _markdown(frame: pd.DataFrame, floatfmt: str) -> str:
-    """A Markdown table: integer columns as integers, floats by `floatfmt`. (tabulate reads an all-numeric frame
-    as one float array and would print 16384 as 1.64e+04; object columns keep each value's type.)"""
+    """A Markdown table: integer columns as integers, floats by `floatfmt`, a missing value (a cell that was never
+    measured, e.g. a needle length the profile does not test) as a dash rather than "nan". (tabulate reads an
+    all-numeric frame as one float array and would print 16384 as 1.64e+04; object columns keep each value's type.)"""
     formats = ["d" if pd.api.types.is_integer_dtype(dtype) else floatfmt for dtype in frame.dtypes]
-    return frame.astype(object).to_markdown(index=False, floatfmt=formats)
+    cells = frame.astype(object).where(frame.notna(), None)
+    return cells.to_markdown(index=False, floatfmt=formats, missingval="—")
 
 
 def _panels(plt, count: int):
