@@ -205,15 +205,19 @@ def plot_truthfulqa(frame: pd.DataFrame, figure: str | Path) -> None:
     for ax, task in zip(axes, tasks):
         part = frame[frame["task"] == task]
         lora = part[part["kind"] == "lora"]
-        for lr, cells in lora.groupby("lr"):
+        for dodge, (lr, cells) in enumerate(lora.groupby("lr")):
             cells = cells.sort_values("rank")
-            ax.errorbar(cells["rank"], cells["value"], yerr=cells["stderr"], marker="o", capsize=2, label=f"LoRA lr {lr:g}")
+            # Learning rates often tie at 10 questions; a small shift along the log-scale rank axis keeps both seen.
+            ax.errorbar(cells["rank"] * 1.04**dodge, cells["value"], yerr=cells["stderr"], marker="os^v"[dodge % 4],
+                        capsize=2, label=f"LoRA lr {lr:g}")
         for (_, row), style in zip(part[part["kind"] != "lora"].iterrows(), ("-", "--", ":", "-.")):
             ax.axhline(row["value"], linestyle=style, color="black" if row["kind"] == PRETRAINED else "tab:red",
                        label=row["method"])
         if not lora.empty:
+            ranks = sorted(set(lora["rank"].astype(int)))
             ax.set_xscale("log", base=2)
-            ax.set_xticks(sorted(set(lora["rank"])), [str(r) for r in sorted(set(lora["rank"]))])
+            ax.set_xticks(ranks, [str(rank) for rank in ranks])
+            ax.minorticks_off()
         ax.set_xlabel("LoRA rank")
         ax.set_ylabel("accuracy")
         ax.set_title(f"{task} (chat template, {int(part['documents'].max())} questions)")
@@ -250,7 +254,10 @@ def plot_long_context(frame: pd.DataFrame, figure: str | Path) -> None:
         for (model, method), cells in part.groupby(["model", "method"], sort=False):
             cells = cells.sort_values("context_length")
             ax.plot(cells["context_length"], cells["value"], marker="o", label=f"{model} {method}")
+        lengths = sorted(set(part["context_length"].astype(int)))
         ax.set_xscale("log", base=2)
+        ax.set_xticks(lengths, [str(length) for length in lengths])
+        ax.minorticks_off()
         ax.set_xlabel("context length (tokens)")
         ax.set_ylabel(measure.replace("_", " "))
         ax.set_title("long passages" if measure == "perplexity" else "pass-key retrieval")
