@@ -226,20 +226,29 @@ def plot_truthfulqa(frame: pd.DataFrame, figure: str | Path) -> None:
 
 
 def plot_prompt_lengths(frame: pd.DataFrame, figure: str | Path) -> None:
-    """Per task: the share of documents on which Focus differs from full attention, with the median length."""
+    """Per task: prompt lengths (median to 90th percentile, whisker to the longest) against the Focus window, each
+    task labelled with the share of its documents on which Focus can differ from full attention at all."""
     import matplotlib.pyplot as plt
 
     models = list(dict.fromkeys(frame["model"]))
     fig, axes = _panels(plt, len(models))
     for ax, model in zip(axes, models):
-        part = frame[frame["model"] == model].drop_duplicates("task")
-        ax.barh(part["task"], part["share_focus_differs"], color="tab:blue")
-        for y, (_, row) in enumerate(part.iterrows()):
-            ax.text(min(row["share_focus_differs"], 0.75) + 0.02, y, f"median {row['median_tokens']:.0f} tok, "
-                    f"window {row['window']}", va="center", fontsize=7)
-        ax.set_xlim(0, 1)
-        ax.set_xlabel("share of prompts longer than the Focus window (Focus differs at all)")
-        ax.set_title(model)
+        part = frame[frame["model"] == model].drop_duplicates("task").reset_index(drop=True)
+        y = np.arange(len(part))
+        ax.hlines(y, part["median_tokens"], part["max_tokens"], color="tab:blue", linewidth=1)
+        ax.hlines(y, part["median_tokens"], part["p90_tokens"], color="tab:blue", linewidth=6, label="median to 90th pct.")
+        ax.plot(part["median_tokens"], y, "o", color="white", markeredgecolor="tab:blue", label="median")
+        ax.plot(part["max_tokens"], y, "|", color="tab:blue", markersize=10, label="longest")
+        for window in sorted(set(frame[frame["model"] == model]["window"])):
+            ax.axvline(window, color="tab:red", linestyle="--", label=f"Focus window {window}")
+        ax.set_yticks(y, [f"{row.task}\n{row.share_focus_differs:.0%} beyond the window" for row in part.itertuples()],
+                      fontsize=8)
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(plt.FormatStrFormatter("%d"))
+        ax.minorticks_off()
+        ax.set_xlabel("prompt tokens (context + longest continuation)")
+        ax.set_title(f"{model}, {int(part['documents'].max())} documents per task")
+        ax.legend(fontsize=7)
     _save(fig, figure)
 
 

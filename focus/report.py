@@ -141,8 +141,6 @@ def _save(fig, png: str | Path) -> None:
     plt.close(fig)
 
 
-
-
 def write_speed_tables(attention: list[dict], prefill: list[dict], attention_csv: str | Path, prefill_csv: str | Path,
                        device: str) -> None:
     """Benchmark rows as CSV, each with a Markdown sibling headed by the device they were measured on."""
