@@ -34,7 +34,8 @@ def _retrofit(r):
         return None
     focus = training[training["variant"].map(lambda v: v != "full_finetune" and not v.startswith("lora_"))]
     counts = ", ".join(f"{row.model} {row.trainable_parameters:,}" for row in focus.itertuples())
-    ours = f"centroid-only training on {focus['model'].nunique()} models: {counts} trainable parameters"
+    models = focus["model"].nunique()
+    ours = f"centroid-only training on {models} model{'s' if models > 1 else ''}: {counts} trainable parameters"
     return ours, "frozen base weights; architectures: " + ", ".join(sorted(set(focus["model"]))), HOLDS
 
 
