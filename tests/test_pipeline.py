@@ -48,6 +48,7 @@ MINI = {
                 "limit": 3, "batch_size": 4},
     "long_context": {"models": ["tiny-qwen2"], "domain": "books", "context_lengths": [64, 128], "max_tokens": 512,
                      "needle": {"lengths": [96], "depths": [0.5], "trials": 2}},
+    "interpret": {"models": ["tiny-qwen2"], "tokens": 256, "layers": [0, 1], "top_tokens": 3},
 }
 
 
@@ -203,6 +204,8 @@ def test_minimal_run_writes_sane_artifacts(mini_run):
     executed = json.loads((results / "notebooks" / "results.ipynb").read_text())
     outputs = [out for cell in executed["cells"] if cell["cell_type"] == "code" for out in cell["outputs"]]
     assert not [out for out in outputs if out["output_type"] == "error"] and len(outputs) >= 5
+    groups = next(cell for cell in executed["cells"] if cell.get("id") == "groups")
+    assert "### tiny-qwen2 / focus" in "".join(groups["outputs"][0]["data"]["text/markdown"])
 
 
 @pytest.mark.slow
@@ -215,7 +218,10 @@ def test_wandb_run_file_holds_every_table_and_figure(mini_run):
     media = wandb_file.logged_media(run_file)
     tables = ("perplexity", "training", "attention", "prefill", "benchmarks", "prompt_lengths", "truthfulqa", "lora",
               "long_context", "claims")
-    figures = ("loss_curves", "perplexity", "speedup", "benchmarks", "prompt_lengths", "truthfulqa", "long_context")
+    # interpret/<model>/<variant>/ files are keyed by their stem while one model has them
+    tables = (*tables, "group_layers")
+    figures = ("loss_curves", "perplexity", "speedup", "benchmarks", "prompt_lengths", "truthfulqa", "long_context",
+               "group_categories", "group_categories_overview", "group_balance", "group_alignment")
     assert media == {**{f"tables/{name}": "table-file" for name in tables},
                      **{f"figures/{name}": "image-file" for name in figures}}
     # One run per training job, mirroring its metrics.jsonl step for step.
@@ -244,7 +250,8 @@ def test_forcerun_rebuilds_only_the_rule_and_its_dependants(mini_run):
     config = str(workdir / "config.yaml")
     planned = job_counts(snakemake(workdir, "--configfile", config, "-n", "--forcerun", "train_focus").stdout)
     assert planned == {"train_focus": 2, "perplexity": 2 * 2, "benchmarks": 2, "long_context_perplexity": 2 * 2,
-                       "needle": 2, "evaluation_tables": 1, "tables": 1, "claims": 1, "figures": 1, "wandb_report": 1,
+                       "needle": 2, "interpret": 1, "evaluation_tables": 1, "tables": 1, "claims": 1, "figures": 1,
+                       "wandb_report": 1,
                        "notebook": 1, "all": 1}  # not tokenize, the baselines (full, LoRA), or their evaluations
 
     files = [p for p in results.rglob("*") if p.is_file() and "wandb" not in p.parts]
@@ -263,7 +270,7 @@ def test_forcerun_rebuilds_only_the_rule_and_its_dependants(mini_run):
 def test_killed_training_job_resumes_from_its_checkpoint(tmp_path):
     config = json.loads(json.dumps(MINI))
     config.update(name="resume", models={"tiny-llama": {"source": "tiny:llama"}})
-    for section in ("benchmark", "lora", "harness", "long_context"):
+    for section in ("benchmark", "lora", "harness", "long_context", "interpret"):
         config.pop(section)
     config["train"].update(full_finetune=None, seq_len=64)
     config["train"]["centroids"].update(steps=300, checkpoint_every=20, log_every=10)
