@@ -113,10 +113,14 @@ def _decomposition(r):
 
 def _alignment(r):
     """Holds when Focus keeps TruthfulQA (every Focus mode within noise of pretrained on MC1 and MC2) and every
-    LoRA cell scores below pretrained on both."""
+    LoRA cell scores below pretrained on both. Judged on the model the LoRA grid trained (the instruction-tuned
+    one), else on the main model."""
     tqa = r.get("truthfulqa")
     if tqa is None or tqa.empty:
         return None
+    lora_models = tqa.loc[tqa["kind"] == "lora", "model"]
+    model = lora_models.iloc[0] if len(lora_models) else r["main_model"]
+    tqa = tqa[tqa["model"] == model]
     base = tqa[tqa["kind"] == "pretrained"].set_index("task")
     focus_kept, lora_worse, parts = True, True, []
     for method, rows in tqa[tqa["kind"] != "pretrained"].groupby("method", sort=False):
@@ -131,7 +135,8 @@ def _alignment(r):
     lora_cells = tqa[tqa["kind"] == "lora"]["method"].nunique()
     ours = "Δ MC1/MC2 vs pretrained (" + "/".join(f"{v:.3f}" for v in base["value"]) + "): " + "; ".join(parts)
     verdict = HOLDS if focus_kept and lora_worse and lora_cells else FAILS
-    return ours, f"{r['main_model']}, chat template, {int(tqa['documents'].max())} questions, {lora_cells} LoRA cells", verdict
+    template = "chat template" if tqa["chat_template"].all() else "no chat template"
+    return ours, f"{model}, {template}, {int(tqa['documents'].max())} questions, {lora_cells} LoRA cells", verdict
 
 
 def _interpretability(r):

@@ -36,7 +36,7 @@ from .distributed import barrier, is_main_process, rank_and_world, run_on_proces
 from .files import atomic_write, write_folder_atomically, write_json
 from .harness import run_tasks, write_mirror_tasks, write_samples
 from .lora import apply_lora, load_lora, parse_lora_name
-from .models import load_model, load_tokenizer
+from .models import inference_device, load_model, load_tokenizer
 from .needle import needle_trials
 from .perplexity import perplexity
 from .profile import FULL_FINETUNE, method_variant
@@ -267,7 +267,8 @@ def evaluate_benchmarks(
     mirror: str | None = None,
     labels: dict[str, str] | None = None,
 ) -> dict:
-    """lm-eval scores of one (model, method): `tasks` as plain completions, `chat_tasks` with the chat template.
+    """lm-eval scores of one (model, method): `tasks` as plain completions, `chat_tasks` with the chat template
+    (as plain completions for a base model whose tokenizer has none; each task's record says which).
 
     Writes the record (per-task metrics, the settings, the method's Focus/LoRA config) to `output` and
     lm-eval's per-document logs to `samples`/<task>.jsonl. See `focus.harness` for the task and prompt choices.
@@ -278,7 +279,8 @@ def evaluate_benchmarks(
     logs: dict[str, list] = {}
     with tempfile.TemporaryDirectory() as task_folder:
         write_mirror_tasks(task_folder, mirror)
-        for names, chat in ((tasks, False), (chat_tasks, True)):
+        has_template = getattr(tokenizer, "chat_template", None) is not None
+        for names, chat in ((tasks, False), (chat_tasks, has_template)):
             if names:
                 metrics, documents = run_tasks(model, tokenizer, names, task_folder, limit, batch_size, chat_template=chat)
                 results.update({task: {**values, "chat_template": chat} for task, values in metrics.items()})
@@ -339,7 +341,7 @@ def load_method(source: str, dtype: str, method: str, trained: str | Path | None
     """
     variant = method_variant(method)
     loaded_from = str(trained) if method == FULL_FINETUNE else source
-    model, tokenizer = load_model(loaded_from, _DTYPES[dtype], _device())
+    model, tokenizer = load_model(loaded_from, _DTYPES[dtype], inference_device())
     if variant is not None:
         load_focus(model, trained)
         set_focus_mode(model, variant[1])

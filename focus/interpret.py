@@ -33,6 +33,7 @@ import torch
 
 from .attention import TRACE_ATTRIBUTE
 from .config import ConfigError, check_types, from_dict, to_dict
+from .models import input_device
 from .retrofit import attention_modules, focus_config
 from .routing import inference_log_assign, sinkhorn, top_k_groups
 
@@ -148,7 +149,7 @@ def route_rows(model: torch.nn.Module, rows: torch.Tensor, batch_size: int = 4, 
     """
     config = focus_config(model)
     modules = attention_modules(model)
-    device = next(model.parameters()).device
+    device = input_device(model)
     groups = {r: [[] for _ in modules] for r in ROUTINGS}  # [routing][layer]: (K, tokens of one batch) chunks
     confidence = {r: [[] for _ in modules] for r in ROUTINGS}
     soft_mass = {r: [0.0 for _ in modules] for r in ROUTINGS}
@@ -526,14 +527,13 @@ def interpret_adapter(
         plot_group_categories,
         write_examples_html,
     )
-    from .models import load_model
+    from .models import inference_device, load_model
     from .provenance import provenance
     from .retrofit import set_focus_mode
 
     config = InterpretConfig.from_dict(settings)
     tic = time.perf_counter()
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model, tokenizer = load_model(source, getattr(torch, dtype), device)
+    model, tokenizer = load_model(source, getattr(torch, dtype), inference_device())
     load_focus(model, adapter)
     set_focus_mode(model, "hard")
     focus = focus_config(model)

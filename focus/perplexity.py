@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .training import input_device
+from .models import input_device
 
 
 def sliding_windows(num_tokens: int, context_length: int, stride: int) -> list[tuple[int, int, int]]:

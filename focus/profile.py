@@ -30,7 +30,8 @@ def resolve_profile(config: dict[str, Any], schema: dict[str, Any]) -> dict[str,
     Resolved keys: everything in the profile, plus `results` ("results/<name>"), `methods` (what perplexity is
     measured for: "pretrained", "full_finetune" when the baseline is on, "<variant>-soft", "<variant>-hard"),
     and per model `dtype`, `variants` ({variant: FocusConfig dict}), `centroids` and `full_finetune` (TrainConfig
-    dicts; `full_finetune` None when off) and `gpus` (processes per training job, default 1).
+    dicts; `full_finetune` None when off), `gpus` (processes per training job, default 1) and `eval_gpus` (GPUs an
+    evaluation job spreads the model over, default 1).
 
     Raises:
         ConfigError: one line naming the key and what is wrong with it.
@@ -56,6 +57,7 @@ def resolve_profile(config: dict[str, Any], schema: dict[str, Any]) -> dict[str,
             "centroids": _train_dict(f"{where}.centroids", {**train["centroids"], **spec.get("centroids", {})}),
             "full_finetune": None,
             "gpus": spec.get("gpus", 1),
+            "eval_gpus": spec.get("eval_gpus", 1),
         }
         if baseline is not None:
             # The same budget (steps, batch, schedule) as this model's centroids unless overridden.

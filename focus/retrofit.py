@@ -19,6 +19,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from .attention import FOCUS_ATTENTION, focus_attention, unmodified_attention
 from .config import FocusConfig
 from .distributed import copy_full_
+from .models import input_device
 from .routing import spherical_kmeans
 
 logger = logging.getLogger(__name__)
@@ -95,8 +96,8 @@ def apply_focus(
     model.requires_grad_(False)
     kv_heads, head_dim = head_shape(model)
     sets = 1 if config.shared_centroids else kv_heads
-    device = next(model.parameters()).device
     for module in modules:
+        device = next(module.parameters()).device  # its own: a model spread over GPUs has layers on each
         module.focus_config = config
         # float32 whatever the model's dtype: these are the only weights an optimizer updates.
         module.focus_centroids = nn.Parameter(torch.zeros(sets, config.num_groups, head_dim, device=device))
@@ -189,7 +190,7 @@ def kmeans_centroids(
         module._focus_calibration = []
     current = model.config._attn_implementation
     model.set_attn_implementation(_CALIBRATION)
-    device = next(model.parameters()).device
+    device = input_device(model)
     try:
         model(
             input_ids=calibration_ids.to(device),

@@ -53,6 +53,7 @@ from focus.distributed import (
     rank_and_world,
 )
 from focus.files import atomic_write
+from focus.models import input_device
 
 _log = logging.getLogger(__name__)
 
@@ -441,14 +442,6 @@ def _check_tokens(name: str, data: Any, model: nn.Module, min_rows: int) -> None
         raise ValueError(
             f"{name} holds token ids in [{int(data.min())}, {int(data.max())}], outside the model's vocabulary [0, {vocab})"
         )
-
-
-def input_device(model: nn.Module) -> torch.device:
-    """Where a model wants its input ids: the device of its input embeddings (the first parameter otherwise)."""
-    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    if embeddings is not None and getattr(embeddings, "weight", None) is not None:
-        return embeddings.weight.device
-    return next(model.parameters()).device
 
 
 def _fingerprint(data: torch.Tensor) -> str:

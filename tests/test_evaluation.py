@@ -14,10 +14,10 @@ from safetensors.torch import save_file
 from focus import FocusConfig, apply_focus, set_focus_mode
 from focus.claims import CLAIMS, FAILS, HOLDS, UNTESTED, judge_claims
 from focus.data import find_mirror
-from focus.experiments import load_method, train_lora
+from focus.experiments import evaluate_benchmarks, load_method, train_lora
 from focus.harness import run_tasks, write_mirror_tasks
 from focus.lora import lora_name, parse_lora_name
-from focus.models import load_model
+from focus.models import load_model, tiny_model
 from focus.needle import needle_trials
 from focus.profile import method_variant
 from focus.report import _markdown
@@ -66,6 +66,18 @@ def test_chat_template_wraps_truthfulqa_prompts(tasks, monkeypatch):
     context = samples["truthfulqa_mc2"][0]["arguments"][0][0]
     assert context.startswith("<|im_start|>system") and context.rstrip().endswith("<|im_start|>assistant")
     assert "Q: What is human life expectancy" in context  # the stock 6-shot preamble, inside the user turn
+
+
+def test_a_base_model_without_chat_template_scores_chat_tasks_as_plain_completions(tasks, tmp_path, monkeypatch,
+                                                                                   tiny_tokenizer):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    tiny_model("llama").save_pretrained(tmp_path / "base")
+    tiny_tokenizer.save_pretrained(tmp_path / "base")  # no chat template, like GPT-2's
+    record = evaluate_benchmarks(str(tmp_path / "base"), "float32", "pretrained", [], ["truthfulqa_mc1"],
+                                 tmp_path / "record.json", tmp_path / "samples", limit=1, batch_size=1)
+    assert record["tasks"]["truthfulqa_mc1"]["chat_template"] is False
+    context = json.loads((tmp_path / "samples" / "truthfulqa_mc1.jsonl").read_text())["arguments"][0][0]
+    assert context.startswith("Q: What is human life expectancy")
 
 
 def test_lora_names_round_trip_and_are_not_focus_methods():
@@ -157,12 +169,12 @@ def test_claims_report_lists_every_claim_of_the_paper():
     assert (frame["verdict"] == UNTESTED).all()
 
 
-def _bench(values: dict[str, tuple[float, float]], task="truthfulqa_mc1") -> pd.DataFrame:
+def _bench(values: dict[str, tuple[float, float]], task="truthfulqa_mc1", model="m") -> pd.DataFrame:
     rows = []
     for method, (value, stderr) in values.items():
         kind = "lora" if method.startswith("lora_") else ("pretrained" if method == "pretrained" else "focus-hard")
-        rows.append({"model": "m", "method": method, "kind": kind, "task": task, "value": value, "stderr": stderr,
-                     "documents": 100})
+        rows.append({"model": model, "method": method, "kind": kind, "task": task, "value": value, "stderr": stderr,
+                     "documents": 100, "chat_template": True})
     return pd.DataFrame(rows)
 
 
@@ -177,6 +189,15 @@ def _bench(values: dict[str, tuple[float, float]], task="truthfulqa_mc1") -> pd.
 def test_alignment_verdict_follows_its_rule(values, verdict):
     frame = judge_claims({"main_model": "m", "train_domain": "books", "truthfulqa": _bench(values)})
     assert frame.set_index("claim").loc["alignment", "verdict"] == verdict
+
+
+def test_alignment_is_judged_on_the_model_the_lora_grid_trained():
+    # A base model (no LoRA cells) on which Focus loses TruthfulQA must not decide the instruction-tuned model's verdict.
+    base = _bench({"pretrained": (0.30, 0.02), "focus-hard": (0.10, 0.02)}, model="base")
+    tuned = _bench({"pretrained": (0.40, 0.02), "focus-hard": (0.39, 0.02), "lora_r4_lr1e-4": (0.35, 0.02)}, model="tuned")
+    frame = judge_claims({"main_model": "base", "train_domain": "b", "truthfulqa": pd.concat([base, tuned])})
+    row = frame.set_index("claim").loc["alignment"]
+    assert row["verdict"] == HOLDS and row["setting"].startswith("tuned, chat template")
 
 
 def test_zero_degradation_verdict_allows_noise_and_reports_prompt_coverage():

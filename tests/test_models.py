@@ -3,10 +3,12 @@ import time
 import pytest
 import torch
 
-from focus import models
+from focus import FocusConfig, apply_focus, models
 from focus.models import (
     PACKAGED_SMOLLM2,
+    SPREAD,
     TINY_FAMILIES,
+    input_device,
     load_gguf,
     load_model,
     packaged_smollm2_folder,
@@ -130,6 +132,26 @@ def test_load_model_from_local_folder_sets_pad_token(tmp_path, tiny_tokenizer):
     ids = torch.tensor([[5, 6, 7, 8]])
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, reference(ids).logits)
+
+
+def test_spread_load_goes_through_a_device_map_and_focus_follows_each_layers_device(tmp_path, tiny_tokenizer, monkeypatch):
+    # On this CPU-only machine accelerate maps every layer to the CPU; on a multi-GPU job the same call spreads them.
+    tiny_model("llama").save_pretrained(tmp_path)
+    tiny_tokenizer.save_pretrained(tmp_path)
+    calls, load = [], models.AutoModelForCausalLM.from_pretrained
+    monkeypatch.setattr(models.AutoModelForCausalLM, "from_pretrained", lambda *a, **kw: calls.append(kw) or load(*a, **kw))
+    model, _ = load_model(str(tmp_path), device=SPREAD)
+    assert calls[0]["device_map"] == "auto" and input_device(model) == torch.device("cpu")
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, tiny_model("llama")(ids).logits)
+
+    # Centroids are made on the device of their own layer (here one layer stands on "meta" for a second GPU).
+    model = tiny_model("llama")
+    model.model.layers[1].self_attn.to("meta")
+    apply_focus(model, FocusConfig(num_groups=2, window=2), init_centroids=False)
+    devices = [layer.self_attn.focus_centroids.device.type for layer in model.model.layers]
+    assert devices == ["cpu", "meta"] and model.model.layers[1].self_attn.focus_group_bias.device.type == "meta"
 
 
 def test_load_model_gemma2_uses_eager(tmp_path, tiny_tokenizer):

@@ -112,7 +112,7 @@ def test_paper_profile_dry_runs_on_the_slurm_executor_with_gpu_resources(tmp_pat
                        "--workflow-profile", str(ROOT / "profiles" / "slurm"), "-n", "--jobs", "4", env=online)
     counts = job_counts(result.stdout)
     models = yaml.safe_load((ROOT / "configs" / "paper.yaml").read_text())["models"]
-    assert counts["train_focus"] == len(models) == 9 and counts["perplexity"] == 9 * 4
+    assert counts["train_focus"] == len(models) == 9 and counts["perplexity"] == 9 * 4 + 12  # + the LoRA cells
     # Every training job asks for its model's GPUs on one node (one process per GPU); 70B on 8.
     for rule in ("train_focus", "train_full_finetune"):
         gpus = {}
@@ -122,8 +122,14 @@ def test_paper_profile_dry_runs_on_the_slurm_executor_with_gpu_resources(tmp_pat
             assert "nodes=1" in resources and "slurm_partition=gpu" in resources
         assert gpus == {name: spec.get("gpus", 1) for name, spec in models.items()}
         assert gpus["llama-3.1-70b"] == 8 and gpus["llama-3.1-8b"] == 2 and gpus["gpt2"] == 1
-    perplexity_jobs = [block for block in result.stdout.split("\n\n") if "rule perplexity:" in block]
-    assert all(re.search(r"resources:.*\bgpu=1\b", job) for job in perplexity_jobs)
+    # Every evaluation job asks for its model's eval_gpus on one node (one process, layers spread); 70B on 4.
+    for rule in ("perplexity", "benchmarks", "long_context_perplexity", "needle", "interpret"):
+        for job in (block for block in result.stdout.split("\n\n") if f"rule {rule}:" in block):
+            model = re.search(r"wildcards: model=([\w.-]+)", job)[1]
+            assert re.search(r"resources:.*\bnodes=1\b", job)
+            assert int(re.search(r"\bgpu=(\d+)", job)[1]) == models[model].get("eval_gpus", 1), (rule, model)
+    # The LoRA grid (4 ranks x 3 learning rates) is trained and benchmarked for the instruction-tuned model alone.
+    assert counts["train_lora"] == 12 and counts["benchmarks"] == 9 * 3 + 12
 
 
 def test_bad_config_is_one_line_before_any_job(tmp_path):

@@ -38,6 +38,7 @@ def test_paper_profile_resolves_with_hub_access(monkeypatch):
     profile = resolve_profile(paper, SCHEMA)
     assert {"gpt2", "llama-3.1-8b", "mistral-7b", "qwen2.5-1.5b", "gemma-2-2b"} <= set(profile["models"])
     assert profile["models"]["llama-3.1-70b"]["gpus"] == 8 and profile["models"]["gpt2"]["gpus"] == 1
+    assert profile["models"]["llama-3.1-70b"]["eval_gpus"] == 4 and profile["models"]["gpt2"]["eval_gpus"] == 1
 
 
 def test_evaluation_profile_resolves_the_lora_grid_and_the_methods_of_each_stage():
@@ -88,6 +89,8 @@ BAD = {
         "data.domains.wikitext2: long_context needs split 'test'",
     ),
     "no gpus": (lambda c: c["models"]["smollm2"].update(gpus=0), "models.smollm2.gpus: 0 is less than the minimum"),
+    "no evaluation gpus": (lambda c: c["models"]["smollm2"].update(eval_gpus=0),
+                           "models.smollm2.eval_gpus: 0 is less than the minimum"),
     "batch not shared equally by the gpus": (
         lambda c: c["models"]["smollm2"].update(gpus=3),
         "models.smollm2.centroids.batch_size (2) must be a multiple of models.smollm2.gpus (3)",

@@ -81,7 +81,13 @@ def lora_summaries():
 
 
 def harness_files():
-    return [f"{R}/harness/{m}/{method}.json" for m in HARNESS["models"] for method in HARNESS["methods"]]
+    """Every (model, method) lm-eval record: pretrained, the Focus modes, and the LoRA cells of the models the grid
+    trains (not the others')."""
+    return [
+        f"{R}/harness/{m}/{method}.json"
+        for m in HARNESS["models"] for method in HARNESS["methods"]
+        if method in P["models"][m]["methods"] or method not in LORA["grid"]
+    ]
 
 
 def harness_samples():
@@ -232,6 +238,11 @@ def full_finetune_training(wildcards):
 def model_gpus(wildcards):
     """GPUs of the model's training jobs; the job runs one process per GPU (resources.gpu, so --set-resources wins)."""
     return P["models"][wildcards.model]["gpus"]
+
+
+def model_eval_gpus(wildcards):
+    """GPUs of the model's evaluation jobs: one process, the model's layers spread over them (focus.models.SPREAD)."""
+    return P["models"][wildcards.model]["eval_gpus"]
 
 
 def evaluation_outputs():

@@ -19,6 +19,8 @@ rule perplexity:
         max_tokens=PPL.get("max_tokens"),
         batch_size=PPL.get("batch_size", 4),
     threads: 1
+    resources:
+        gpu=model_eval_gpus,  # > 1: one process, the model's layers spread over them
     script:
         "../scripts/perplexity.py"
 
@@ -43,6 +45,8 @@ rule benchmarks:
         batch_size=HARNESS.get("batch_size"),
         mirror=P["data"].get("mirror"),
     threads: 2
+    resources:
+        gpu=model_eval_gpus,  # > 1: one process, the model's layers spread over them
     script:
         "../scripts/benchmarks.py"
 
@@ -64,6 +68,8 @@ rule long_context_perplexity:
         batch_size=LONG.get("batch_size"),
         domain=LONG.get("domain"),
     threads: 2
+    resources:
+        gpu=model_eval_gpus,  # > 1: one process, the model's layers spread over them
     script:
         "../scripts/long_context_perplexity.py"
 
@@ -83,5 +89,7 @@ rule needle:
         dtype=model_dtype,
         needle=LONG.get("needle"),
     threads: 2
+    resources:
+        gpu=model_eval_gpus,  # > 1: one process, the model's layers spread over them
     script:
         "../scripts/needle.py"

@@ -32,5 +32,7 @@ rule interpret:
         seq_len=P["train"]["seq_len"],
         settings={key: value for key, value in (INTERPRET or {}).items() if key != "models"},
     threads: 2
+    resources:
+        gpu=model_eval_gpus,  # > 1: one process, the model's layers spread over them
     script:
         "../scripts/interpret.py"
