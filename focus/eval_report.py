@@ -197,13 +197,14 @@ def plot_benchmarks(frame: pd.DataFrame, figure: str | Path) -> None:
 
 
 def plot_truthfulqa(frame: pd.DataFrame, figure: str | Path) -> None:
-    """MC1 and MC2 against LoRA rank (one line per learning rate), pretrained and Focus as horizontal lines."""
+    """MC1 and MC2 against LoRA rank (one line per learning rate), pretrained and Focus as horizontal lines; one panel
+    per (model, task)."""
     import matplotlib.pyplot as plt
 
-    tasks = list(dict.fromkeys(frame["task"]))
-    fig, axes = _panels(plt, len(tasks))
-    for ax, task in zip(axes, tasks):
-        part = frame[frame["task"] == task]
+    cells = list(dict.fromkeys(zip(frame["model"], frame["task"])))
+    fig, axes = _panels(plt, len(cells))
+    for ax, (model, task) in zip(axes, cells):
+        part = frame[(frame["model"] == model) & (frame["task"] == task)]
         lora = part[part["kind"] == "lora"]
         for dodge, (lr, cells) in enumerate(lora.groupby("lr")):
             cells = cells.sort_values("rank")
@@ -218,9 +219,13 @@ def plot_truthfulqa(frame: pd.DataFrame, figure: str | Path) -> None:
             ax.set_xscale("log", base=2)
             ax.set_xticks(ranks, [str(rank) for rank in ranks])
             ax.minorticks_off()
-        ax.set_xlabel("LoRA rank")
+            ax.set_xlabel("LoRA rank")
+        else:
+            ax.set_xticks([])
+            ax.set_xlabel("(no LoRA cells for this model)")
         ax.set_ylabel("accuracy")
-        ax.set_title(f"{task} (chat template, {int(part['documents'].max())} questions)")
+        template = "chat template" if part["chat_template"].all() else "no chat template"
+        ax.set_title(f"{model}: {task} ({template}, {int(part['documents'].max())} questions)", fontsize=9)
         ax.legend(fontsize=7)
     _save(fig, figure)
 
