@@ -258,23 +258,24 @@ def plot_prompt_lengths(frame: pd.DataFrame, figure: str | Path) -> None:
 
 
 def plot_long_context(frame: pd.DataFrame, figure: str | Path) -> None:
-    """Perplexity against context length per method, and needle accuracy against prompt length."""
+    """Per model: perplexity against context length per method, and needle accuracy against prompt length."""
     import matplotlib.pyplot as plt
 
-    measures = [m for m in ("perplexity", "needle_accuracy") if m in set(frame["measure"])]
-    fig, axes = _panels(plt, len(measures))
-    for ax, measure in zip(axes, measures):
-        part = frame[frame["measure"] == measure]
-        for (model, method), cells in part.groupby(["model", "method"], sort=False):
+    panels = [(model, measure) for model in dict.fromkeys(frame["model"]) for measure in ("perplexity", "needle_accuracy")
+              if ((frame["model"] == model) & (frame["measure"] == measure)).any()]
+    fig, axes = _panels(plt, len(panels))
+    for ax, (model, measure) in zip(axes, panels):
+        part = frame[(frame["model"] == model) & (frame["measure"] == measure)]
+        for method, cells in part.groupby("method", sort=False):
             cells = cells.sort_values("context_length")
-            ax.plot(cells["context_length"], cells["value"], marker="o", label=f"{model} {method}")
+            ax.plot(cells["context_length"], cells["value"], marker="o", label=method)
         lengths = sorted(set(part["context_length"].astype(int)))
         ax.set_xscale("log", base=2)
         ax.set_xticks(lengths, [str(length) for length in lengths])
         ax.minorticks_off()
         ax.set_xlabel("context length (tokens)")
         ax.set_ylabel(measure.replace("_", " "))
-        ax.set_title("long passages" if measure == "perplexity" else "pass-key retrieval")
+        ax.set_title(f"{model}: " + ("long passages" if measure == "perplexity" else "pass-key retrieval"))
         ax.legend(fontsize=7)
     _save(fig, figure)
 
