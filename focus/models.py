@@ -110,8 +110,9 @@ def load_model(
 
 
 def inference_device() -> torch.device | str:
-    """Where an evaluation job puts its model: spread over the GPUs when it was given several (a model with
-    `models.<name>.gpus` > 1 does not fit on one), else its GPU, else the CPU."""
+    """Where an evaluation job puts its model: spread over the GPUs when it sees several (SLURM shows a job the
+    `models.<name>.eval_gpus` it asked for; elsewhere, limit them with CUDA_VISIBLE_DEVICES), else its GPU, else
+    the CPU."""
     gpus = torch.cuda.device_count()
     return SPREAD if gpus > 1 else torch.device("cuda" if gpus else "cpu")
 
@@ -122,7 +123,8 @@ def _one_device(device: str | torch.device) -> str | torch.device:
 
 
 def input_device(model: torch.nn.Module) -> torch.device:
-    """Where a model wants its input ids: the device of its input embeddings (the first parameter otherwise); with a model spread over GPUs, the first of them."""
+    """Where a model wants its input ids: the device of its input embeddings (the first parameter otherwise); for
+    a model spread over GPUs, the first of them."""
     embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     if embeddings is not None and getattr(embeddings, "weight", None) is not None:
         return embeddings.weight.device
