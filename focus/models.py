@@ -131,6 +131,21 @@ def input_device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
+def check_context_length(model: torch.nn.Module, tokens: int) -> None:
+    """Refuse a context longer than the model's position limit: learnt position tables (GPT-2) fail on it and
+    rotary models are scored outside what they were trained for.
+
+    Raises:
+        ValueError: one line naming the model type, the length and the limit.
+    """
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if limit is not None and tokens > limit:
+        raise ValueError(
+            f"a context of {tokens} tokens exceeds {model.config.model_type}'s {limit} positions "
+            "(config.max_position_embeddings): shorten the profile's context lengths for this model"
+        )
+
+
 def load_tokenizer(source: str | os.PathLike):
     """The tokenizer `load_model(source)` would return, without loading the weights."""
     source = os.fspath(source)

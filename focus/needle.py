@@ -16,7 +16,7 @@ import random
 import torch
 from tqdm.auto import tqdm
 
-from .models import input_device
+from .models import check_context_length, input_device
 
 NEEDLE = " The secret pass key is {key}. Remember it: the pass key is {key}. "
 QUESTION = " What is the secret pass key? The secret pass key is"
@@ -38,6 +38,7 @@ def needle_trials(
     `filler` is a long 1-D tensor of token ids (a book); trial t of each length starts at a different offset.
     The prompt is exactly `length` tokens.
     """
+    check_context_length(model, max(lengths))
     rng = random.Random(seed)
     device = input_device(model)
     question = tokenizer(QUESTION, add_special_tokens=False, return_tensors="pt").input_ids[0]

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .models import input_device
+from .models import check_context_length, input_device
 
 
 def sliding_windows(num_tokens: int, context_length: int, stride: int) -> list[tuple[int, int, int]]:
@@ -72,6 +72,7 @@ def token_nll(
         raise ValueError(f"input_ids must be 1D (T,), got shape {tuple(input_ids.shape)}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    check_context_length(model, context_length)
     windows = sliding_windows(input_ids.numel(), context_length, stride)
     device = input_device(model)
     ids = input_ids.to(device=device, dtype=torch.long)

@@ -138,6 +138,9 @@ def test_needle_prompts_are_exactly_the_requested_length(tmp_path):
     assert 128 in seen and 256 in seen  # the generate call's prompt
     deep, shallow = (r for r in records if r["length"] == 256 and r["trial"] == 0)
     assert deep["distance"] > shallow["distance"]  # depth 0: the needle is as far from the question as it gets
+    model.forward = forward
+    with pytest.raises(ValueError, match="exceeds llama's 2048 positions"):
+        needle_trials(model, tokenizer, filler, [4096], [0.5], trials=1, progress=False)
 
 
 # ---- the claims report ---------------------------------------------------------------------------------------

@@ -128,6 +128,9 @@ def test_bad_arguments(llama):
         perplexity(llama, _ids(20)[None], 8, 4)
     with pytest.raises(ValueError, match="batch_size must be >= 1, got 0"):
         perplexity(llama, _ids(20), 8, 4, batch_size=0)
+    limit = llama.config.max_position_embeddings
+    with pytest.raises(ValueError, match=f"a context of {limit + 1} tokens exceeds llama's {limit} positions"):
+        perplexity(llama, _ids(20), limit + 1, 4)
 
 
 @pytest.mark.slow
