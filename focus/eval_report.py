@@ -15,7 +15,7 @@ from .files import write_text
 from .harness import CHAT_TASKS, HEADLINE
 from .lora import parse_lora_name
 from .profile import PRETRAINED, method_variant
-from .report import _markdown, _panels, _save
+from .report import markdown_table, panels, pyplot, save_figure
 
 
 def method_kind(method: str) -> str:
@@ -161,7 +161,7 @@ def write_evaluation_tables(
     for name, frame in frames.items():
         if name in outputs:
             write_text(outputs[name], frame.to_csv(index=False))
-            write_text(Path(outputs[name]).with_suffix(".md"), _markdown(_readable(name, frame), ".4g") + "\n")
+            write_text(Path(outputs[name]).with_suffix(".md"), markdown_table(_readable(name, frame), ".4g") + "\n")
         if f"{name}_figure" in outputs:
             _FIGURES[name](frame, outputs[f"{name}_figure"])
 
@@ -178,10 +178,10 @@ def _readable(name: str, frame: pd.DataFrame) -> pd.DataFrame:
 
 def plot_benchmarks(frame: pd.DataFrame, figure: str | Path) -> None:
     """Grouped bars: one group per task, one bar per method, with standard-error whiskers."""
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     models = list(dict.fromkeys(frame["model"]))
-    fig, axes = _panels(plt, len(models))
+    fig, axes = panels(plt, len(models))
     for ax, model in zip(axes, models):
         part = frame[frame["model"] == model]
         tasks, methods = list(dict.fromkeys(part["task"])), list(dict.fromkeys(part["method"]))
@@ -193,16 +193,16 @@ def plot_benchmarks(frame: pd.DataFrame, figure: str | Path) -> None:
         ax.set_ylabel("accuracy")
         ax.set_title(f"{model}: lm-eval, zero-shot (limit {int(part['documents'].max())} docs)")
         ax.legend(fontsize=7)
-    _save(fig, figure)
+    save_figure(fig, figure)
 
 
 def plot_truthfulqa(frame: pd.DataFrame, figure: str | Path) -> None:
     """MC1 and MC2 against LoRA rank (one line per learning rate), pretrained and Focus as horizontal lines; one panel
     per (model, task)."""
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     cells = list(dict.fromkeys(zip(frame["model"], frame["task"])))
-    fig, axes = _panels(plt, len(cells))
+    fig, axes = panels(plt, len(cells))
     for ax, (model, task) in zip(axes, cells):
         part = frame[(frame["model"] == model) & (frame["task"] == task)]
         lora = part[part["kind"] == "lora"]
@@ -227,16 +227,16 @@ def plot_truthfulqa(frame: pd.DataFrame, figure: str | Path) -> None:
         template = "chat template" if part["chat_template"].all() else "no chat template"
         ax.set_title(f"{model}: {task} ({template}, {int(part['documents'].max())} questions)", fontsize=9)
         ax.legend(fontsize=7)
-    _save(fig, figure)
+    save_figure(fig, figure)
 
 
 def plot_prompt_lengths(frame: pd.DataFrame, figure: str | Path) -> None:
     """Per task: prompt lengths (median to 90th percentile, whisker to the longest) against the Focus window, each
     task labelled with the share of its documents on which Focus can differ from full attention at all."""
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     models = list(dict.fromkeys(frame["model"]))
-    fig, axes = _panels(plt, len(models))
+    fig, axes = panels(plt, len(models))
     for ax, model in zip(axes, models):
         part = frame[frame["model"] == model].drop_duplicates("task").reset_index(drop=True)
         y = np.arange(len(part))
@@ -254,17 +254,17 @@ def plot_prompt_lengths(frame: pd.DataFrame, figure: str | Path) -> None:
         ax.set_xlabel("prompt tokens (context + longest continuation)")
         ax.set_title(f"{model}, {int(part['documents'].max())} documents per task")
         ax.legend(fontsize=7)
-    _save(fig, figure)
+    save_figure(fig, figure)
 
 
 def plot_long_context(frame: pd.DataFrame, figure: str | Path) -> None:
     """Per model: perplexity against context length per method, and needle accuracy against prompt length."""
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
-    panels = [(model, measure) for model in dict.fromkeys(frame["model"]) for measure in ("perplexity", "needle_accuracy")
-              if ((frame["model"] == model) & (frame["measure"] == measure)).any()]
-    fig, axes = _panels(plt, len(panels))
-    for ax, (model, measure) in zip(axes, panels):
+    shown = [(model, measure) for model in dict.fromkeys(frame["model"]) for measure in ("perplexity", "needle_accuracy")
+             if ((frame["model"] == model) & (frame["measure"] == measure)).any()]
+    fig, axes = panels(plt, len(shown))
+    for ax, (model, measure) in zip(axes, shown):
         part = frame[(frame["model"] == model) & (frame["measure"] == measure)]
         for method, cells in part.groupby("method", sort=False):
             cells = cells.sort_values("context_length")
@@ -277,7 +277,7 @@ def plot_long_context(frame: pd.DataFrame, figure: str | Path) -> None:
         ax.set_ylabel(measure.replace("_", " "))
         ax.set_title(f"{model}: " + ("long passages" if measure == "perplexity" else "pass-key retrieval"))
         ax.legend(fontsize=7)
-    _save(fig, figure)
+    save_figure(fig, figure)
 
 
 _FIGURES = {

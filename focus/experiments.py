@@ -114,17 +114,17 @@ def train_focus(
         return run_on_processes(train_focus, processes, **{**locals(), "processes": 1})  # locals(): the arguments
     with torchrun_process_group() as world:
         model, _ = _load_for_training(source, dtype, world)
-        calibration, rows, eval_data = _training_rows(tokens, seq_len, calibration_rows, eval_rows)
+        calibration, rows, eval_data = training_rows(tokens, seq_len, calibration_rows, eval_rows)
         config = FocusConfig.from_dict(focus)
         apply_focus(model, config, init_centroids=False)
         if world > 1:
             shard_model(model)
         # After sharding, so that k-means runs on the GPUs through the sharded model (it may fit on none alone).
         calibrate_centroids(model, calibration if calibration_rows else None)
-        record = _train(model, rows, TrainConfig.from_dict(train), Path(metrics), eval_data, progress)
+        record = run_training(model, rows, TrainConfig.from_dict(train), Path(metrics), eval_data, progress)
         save_focus(model, adapter_dir, base_model=source)
         record.update(focus_config=to_dict(config), trainable_parameters=focus_parameter_count(model))
-        return _write_summary(summary, source, record, Path(metrics))
+        return write_training_summary(summary, source, record, Path(metrics))
 
 
 def train_full_finetune(
@@ -151,12 +151,12 @@ def train_full_finetune(
         return run_on_processes(train_full_finetune, processes, **{**locals(), "processes": 1})
     with torchrun_process_group() as world:
         model, tokenizer = _load_for_training(source, dtype, world)
-        _, rows, eval_data = _training_rows(tokens, seq_len, calibration_rows, eval_rows)
+        _, rows, eval_data = training_rows(tokens, seq_len, calibration_rows, eval_rows)
         for parameter in model.parameters():
             parameter.requires_grad_(True)
         if world > 1:
             shard_model(model)
-        record = _train(model, rows, TrainConfig.from_dict(train), Path(metrics), eval_data, progress)
+        record = run_training(model, rows, TrainConfig.from_dict(train), Path(metrics), eval_data, progress)
         for parameter in model.parameters():
             parameter.requires_grad_(False)
         state = None
@@ -173,7 +173,7 @@ def train_full_finetune(
             write_folder_atomically(Path(model_dir), write)
         barrier()
         record["trainable_parameters"] = sum(p.numel() for p in model.parameters())
-        return _write_summary(summary, source, record, Path(metrics))
+        return write_training_summary(summary, source, record, Path(metrics))
 
 
 def train_lora(
@@ -198,16 +198,16 @@ def train_lora(
     Same loop, data order, steps and batch as `train_focus` (`train` carries the grid cell's learning rate);
     writes PEFT's adapter folder to `adapter_dir`, plus `metrics` and `summary` like the other training stages.
     """
-    model, _ = load_model(source, _DTYPES[dtype], _device())
-    _, rows, eval_data = _training_rows(tokens, seq_len, calibration_rows, eval_rows)
+    model, _ = load_model(source, _DTYPES[dtype], default_device())
+    _, rows, eval_data = training_rows(tokens, seq_len, calibration_rows, eval_rows)
     model = apply_lora(model, rank, alpha, target_modules, dropout, seed=train.get("seed", 0))
-    record = _train(model, rows, TrainConfig.from_dict(train), Path(metrics), eval_data, progress)
+    record = run_training(model, rows, TrainConfig.from_dict(train), Path(metrics), eval_data, progress)
     write_folder_atomically(Path(adapter_dir), lambda folder: model.save_pretrained(folder))
     record.update(
         lora_config={"r": rank, "lora_alpha": alpha, "target_modules": list(target_modules), "lora_dropout": dropout},
         trainable_parameters=sum(p.numel() for p in model.parameters() if p.requires_grad),
     )
-    return _write_summary(summary, source, record, Path(metrics))
+    return write_training_summary(summary, source, record, Path(metrics))
 
 
 def evaluate_perplexity(
@@ -360,17 +360,17 @@ def _method_record(method: str, trained: str | Path | None) -> dict:
     return {}
 
 
-def _device() -> torch.device:
+def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _load_for_training(source: str, dtype: str, world: int) -> tuple[torch.nn.Module, Any]:
     """(model, tokenizer), the model on this process's device; for `world` > 1 processes in host memory, where each
     process reads the whole weights once: sharding then moves only its shard to its GPU, so no GPU holds them all."""
-    return load_model(source, _DTYPES[dtype], "cpu" if world > 1 else _device())
+    return load_model(source, _DTYPES[dtype], "cpu" if world > 1 else default_device())
 
 
-def _training_rows(
+def training_rows(
     tokens: str | Path, seq_len: int, calibration_rows: int, eval_rows: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(calibration rows, training rows, evaluation rows or None), each (N, seq_len) ids."""
@@ -381,7 +381,7 @@ def _training_rows(
     return rows[:calibration_rows], rows[calibration_rows:], eval_data
 
 
-def _train(
+def run_training(
     model: torch.nn.Module,
     rows: torch.Tensor,
     config: TrainConfig,
@@ -427,7 +427,7 @@ def _run_dir(metrics: Path) -> Path:
     return metrics.parent / "run"
 
 
-def _write_summary(path: str | Path, source: str, record: dict, metrics: Path) -> dict:
+def write_training_summary(path: str | Path, source: str, record: dict, metrics: Path) -> dict:
     """Write the training summary, then remove the run folder: its checkpoint has served its purpose (process 0)."""
     record.update(source=source, provenance=provenance())
     if is_main_process():

@@ -15,20 +15,11 @@ import pandas as pd
 
 from .files import atomic_write, write_text
 from .interpret import CATEGORY_NAMES, ROUTINGS
-from .report import _save
+from .report import pyplot, save_figure
 
 _LIFT_RANGE = 3.0  # colour scale of log2 lift: +-3 is 8x over- or under-represented
 _ROUTING_LABELS = {"focus": "Focus (learnt bias, inference)", "sinkhorn": "Sinkhorn (as in training)",
                    "raw": "no balancing (raw softmax)"}
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display on clusters and CI
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _lift_colours():
@@ -53,7 +44,7 @@ def _nmi_title(tables: dict[str, pd.DataFrame], layer: int, head: int) -> str:
 
 def plot_group_categories(tables: dict[str, pd.DataFrame], layer: int, path: str | Path) -> None:
     """Group x category heatmap of one layer, one panel per key/value head; a first row for all tokens."""
-    plt = _pyplot()
+    plt = pyplot()
     heads = sorted(tables["categories"]["head"].unique())
     counts = _matrix(tables, layer, heads[0], "count")
     overall = counts.sum(axis=0) / counts.sum()
@@ -81,7 +72,7 @@ def plot_group_categories(tables: dict[str, pd.DataFrame], layer: int, path: str
 
 def plot_category_overview(tables: dict[str, pd.DataFrame], layers: list[int], path: str | Path) -> None:
     """Small multiples: the log2-lift heatmap of every plotted layer (rows) and key/value head (columns)."""
-    plt = _pyplot()
+    plt = pyplot()
     heads = sorted(tables["categories"]["head"].unique())
     fig, axes = plt.subplots(len(layers), len(heads), figsize=(2.6 * len(heads) + 1, 2.3 * len(layers) + 1),
                              squeeze=False, layout="constrained")
@@ -106,7 +97,7 @@ def plot_balance(tables: dict[str, pd.DataFrame], layer: int, head: int, path: s
     """Group balance with and without Sinkhorn. Top: shares per group in the representative layer/head and in the
     head that is least balanced without balancing; bottom, per layer (line: mean over heads, band: least to most
     balanced head), the normalised entropy of the group shares and the largest group's share."""
-    plt = _pyplot()
+    plt = pyplot()
     shares, layers = tables["shares"], tables["layers"]
     raw = layers[layers["routing"] == "raw"]
     worst = raw.loc[raw["normalised_entropy"].idxmin()]
@@ -132,13 +123,13 @@ def plot_balance(tables: dict[str, pd.DataFrame], layer: int, head: int, path: s
         ax.set(xlabel="layer", ylabel=label, title=f"{label} per layer (band: over heads)")
     axes[1, 1].axhline(1 / shares["group"].nunique(), color="black", linestyle="--", linewidth=1)
     axes[1, 0].set_ylim(top=1.005)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def plot_alignment(tables: dict[str, pd.DataFrame], path: str | Path) -> None:
     """NMI of the Focus groups with token category, token identity and position per layer (line: mean over heads,
     band: over heads), each beside its chance level with shuffled labels (dashed)."""
-    plt = _pyplot()
+    plt = pyplot()
     layers = tables["layers"]
     focus = layers[layers["routing"] == "focus"]
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.2), sharey=True)
@@ -151,7 +142,7 @@ def plot_alignment(tables: dict[str, pd.DataFrame], path: str | Path) -> None:
         ax.set(xlabel="layer", title=f"group vs {label}" + (" (eighth of the row)" if label == "position" else ""))
     axes[0].set_ylabel("normalised mutual information")
     axes[0].legend(fontsize="small")
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def write_examples_html(
@@ -212,7 +203,7 @@ def _log_lift(lift: np.ndarray) -> np.ma.MaskedArray:
 
 
 def _save_untight(fig, png: str | Path) -> None:
-    """`focus.report._save` for figures with a colorbar across panels, which tight_layout cannot place."""
+    """`focus.report.save_figure` for figures with a colorbar across panels, which tight_layout cannot place."""
     import matplotlib.pyplot as plt
 
     for path in (Path(png), Path(png).with_suffix(".svg")):

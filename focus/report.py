@@ -70,7 +70,7 @@ def write_tables(
     write_text(Path(perplexity_csv).with_suffix(".md"), perplexity_markdown(frame))
     training = training_frame(training_summaries)
     write_text(training_csv, training.to_csv(index=False))
-    write_text(Path(training_csv).with_suffix(".md"), _markdown(training, ".4g") + "\n")
+    write_text(Path(training_csv).with_suffix(".md"), markdown_table(training, ".4g") + "\n")
 
 
 def plot_figures(
@@ -79,16 +79,13 @@ def plot_figures(
     """Loss curves (one panel per model; per trained variant, train loss solid and validation loss dashed where
     measured) and perplexity bars (one panel per
     model, bars per method, grouped by test corpus), each as PNG plus an SVG sibling."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display on clusters and CI
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     curves: dict[str, dict[str, pd.DataFrame]] = {}
     for path in metrics_files:
         frame = pd.DataFrame([json.loads(line) for line in Path(path).read_text().splitlines()])
         curves.setdefault(Path(path).parent.parent.name, {})[Path(path).parent.name] = frame
-    fig, axes = _panels(plt, len(curves))
+    fig, axes = panels(plt, len(curves))
     for ax, (model, variants) in zip(axes, curves.items()):
         for variant, frame in variants.items():
             train = frame.dropna(subset=["train/loss"])
@@ -99,11 +96,11 @@ def plot_figures(
                         label=f"{variant} validation")
         ax.set(title=model, xlabel="step", ylabel="loss")
         ax.legend(fontsize="small")
-    _save(fig, loss_curves)
+    save_figure(fig, loss_curves)
 
     table = pd.read_csv(perplexity_csv)
     models = list(dict.fromkeys(table["model"]))
-    fig, axes = _panels(plt, len(models))
+    fig, axes = panels(plt, len(models))
     for ax, model in zip(axes, models):
         pivot = table[table["model"] == model].pivot_table(index="domain", columns="method", values="perplexity",
                                                            sort=False)
@@ -111,10 +108,20 @@ def plot_figures(
         pivot[order].plot.bar(ax=ax, rot=0, logy=True)
         ax.set(title=model, xlabel="test corpus", ylabel="perplexity (log scale)")
         ax.legend(fontsize="small")
-    _save(fig, perplexity)
+    save_figure(fig, perplexity)
 
 
-def _markdown(frame: pd.DataFrame, floatfmt: str) -> str:
+def pyplot():
+    """matplotlib.pyplot on the Agg backend: figures are written to files, and clusters and CI have no display."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def markdown_table(frame: pd.DataFrame, floatfmt: str) -> str:
     """A Markdown table: integer columns as integers, floats by `floatfmt`, a missing value (a cell that was never
     measured, e.g. a needle length the profile does not test) as a dash rather than "nan". (tabulate reads an
     all-numeric frame as one float array and would print 16384 as 1.64e+04; object columns keep each value's type.)"""
@@ -123,7 +130,7 @@ def _markdown(frame: pd.DataFrame, floatfmt: str) -> str:
     return cells.to_markdown(index=False, floatfmt=formats, missingval="—")
 
 
-def _panels(plt, count: int):
+def panels(plt, count: int):
     columns = min(count, 3)
     rows = -(-count // columns)
     fig, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.8 * rows), squeeze=False)
@@ -132,7 +139,7 @@ def _panels(plt, count: int):
     return fig, list(axes.flat[:count])
 
 
-def _save(fig, png: str | Path) -> None:
+def save_figure(fig, png: str | Path) -> None:
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
@@ -147,17 +154,14 @@ def write_speed_tables(attention: list[dict], prefill: list[dict], attention_csv
     for rows, path in ((attention, attention_csv), (prefill, prefill_csv)):
         frame = pd.DataFrame(rows)
         write_text(path, frame.to_csv(index=False))
-        body = _markdown(frame, ".3g") if len(frame) else "(not measured)"
+        body = markdown_table(frame, ".3g") if len(frame) else "(not measured)"
         write_text(Path(path).with_suffix(".md"), f"Measured on: {device}\n\n{body}\n")
 
 
 def plot_speedup(attention_csv: str | Path, figure: str | Path) -> None:
     """Measured speedup of the decomposition over full causal SDPA against sequence length, one line per
     (groups, window, top-k), with the pair-count limit dashed in the same colour. PNG plus SVG sibling."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     frame = pd.read_csv(attention_csv)
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
@@ -172,4 +176,4 @@ def plot_speedup(attention_csv: str | Path, figure: str | Path) -> None:
     ax.set(xlabel="sequence length (tokens)", ylabel="speedup over full causal SDPA",
            title="Focus hard top-k, two-call decomposition (dashed: pair-count limit)")
     ax.legend(fontsize="small")
-    _save(fig, figure)
+    save_figure(fig, figure)

@@ -33,10 +33,10 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedModel
 
 from .config import ConfigError, FocusConfig, check_types, from_dict, to_dict
-from .experiments import _device, _train, _training_rows, _write_summary
+from .experiments import default_device, run_training, training_rows, write_training_summary
 from .files import write_json, write_text
 from .models import load_tokenizer
-from .report import _markdown, _save
+from .report import markdown_table, pyplot, save_figure
 from .retrofit import apply_focus, focus_parameter_count, set_focus_mode
 from .training import TrainConfig, evaluate_loss
 
@@ -146,9 +146,9 @@ def train_from_scratch(
     shape = ScratchModel.from_dict(model)
     config = TrainConfig.from_dict({**train, "seed": seed})
     vocab_size = len(load_tokenizer(tokenizer))
-    calibration, rows, eval_data = _training_rows(tokens, seq_len, calibration_rows, eval_rows)
+    calibration, rows, eval_data = training_rows(tokens, seq_len, calibration_rows, eval_rows)
     rows = rows[:train_rows] if train_rows else rows
-    net = build_model(shape, vocab_size, seq_len, seed).to(_device())
+    net = build_model(shape, vocab_size, seq_len, seed).to(default_device())
     record: dict[str, Any] = {"method": method, "seed": seed, "domain": domain, "tokenizer": tokenizer}
     if method == "focus":
         focus_config = FocusConfig.from_dict(focus)
@@ -158,7 +158,7 @@ def train_from_scratch(
         record["focus_config"] = to_dict(focus_config)
     # From scratch every weight trains (apply_focus froze the network; the centroids train beside it).
     net.requires_grad_(True)
-    record.update(_train(net, rows, config, Path(metrics), eval_data, progress))
+    record.update(run_training(net, rows, config, Path(metrics), eval_data, progress))
     validation = {method: {"loss": record["final"]["eval/loss"], "ppl": record["final"]["eval/ppl"]}}
     if method == "focus":
         set_focus_mode(net, "hard")
@@ -173,7 +173,7 @@ def train_from_scratch(
         parameters=sum(p.numel() for p in net.parameters()),
         centroid_parameters=focus_parameter_count(net),
     )
-    return _write_summary(summary, f"scratch:llama seed {seed}", record, Path(metrics))
+    return write_training_summary(summary, f"scratch:llama seed {seed}", record, Path(metrics))
 
 
 def summarize_scratch(
@@ -274,7 +274,7 @@ def _scratch_markdown(record: dict, frame: pd.DataFrame) -> str:
         rows.append({"method": name, "evaluated with": evaluated_with[name],
                      "perplexity, mean ± std": f"{result['mean']:.2f}{std}",
                      **{f"seed {s}": result["seeds"].get(s, float("nan")) for s in seeds}})
-    table = _markdown(pd.DataFrame(rows), ".2f")
+    table = markdown_table(pd.DataFrame(rows), ".2f")
     lines = [f"Setting: {record['setting']}.", "", table, ""]
     for name, diff in record["paired_difference"].items():
         std = "" if diff["std"] is None else f" ± {diff['std']:.2f}"
@@ -285,11 +285,7 @@ def _scratch_markdown(record: dict, frame: pd.DataFrame) -> str:
 
 
 def _plot(runs: list[dict], summaries: list[str | Path], record: dict, figure: str | Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display on clusters and CI
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     curves: dict[str, list[pd.DataFrame]] = {}
     for run, path in zip(runs, summaries):
         lines = (Path(path).parent / "metrics.jsonl").read_text().splitlines()
@@ -318,4 +314,4 @@ def _plot(runs: list[dict], summaries: list[str | Path], record: dict, figure: s
                  ylim=(None, math.log(record["unigram"]) + 1))  # the first steps (from log(vocab)) are off the top
     for ax in (val_ax, train_ax):
         ax.legend(fontsize="small")
-    _save(fig, figure)
+    save_figure(fig, figure)

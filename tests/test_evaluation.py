@@ -20,7 +20,7 @@ from focus.lora import lora_name, parse_lora_name
 from focus.models import load_model, tiny_model
 from focus.needle import needle_trials
 from focus.profile import method_variant
-from focus.report import _markdown
+from focus.report import markdown_table
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -159,7 +159,7 @@ def _paper_claims() -> list[tuple[str, str]]:
 def test_tables_print_unmeasured_cells_as_a_dash_and_counts_as_integers():
     # The long-context table spans every context length, but the needle is tested at only some of them.
     frame = pd.DataFrame({"method": ["pretrained", "focus-hard"], "tokens": [16384, 256], "1024": [0.8333, float("nan")]})
-    rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in _markdown(frame, ".4g").splitlines()[2:]]
+    rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in markdown_table(frame, ".4g").splitlines()[2:]]
     assert rows == [["pretrained", "16384", "0.8333"], ["focus-hard", "256", "—"]]
 
 
