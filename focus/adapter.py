@@ -69,10 +69,15 @@ def read_adapter_config(directory: str | Path) -> dict:
     return record
 
 
+# FocusConfig fields added after adapters were first written, with the value every older adapter was trained with
+# (not today's default, which may differ).
+_LEGACY_FIELDS = {"route_queries": "key"}
+
+
 def load_focus(model: PreTrainedModel, directory: str | Path) -> PreTrainedModel:
     """Put the adapter in `directory` onto `model` (applying Focus first if needed); returns the model."""
     record = read_adapter_config(directory)
-    config = FocusConfig.from_dict(record["focus_config"])
+    config = FocusConfig.from_dict({**_LEGACY_FIELDS, **record["focus_config"]})
     kv_heads, head_dim = head_shape(model)
     sets = 1 if config.shared_centroids else kv_heads
     expected = [sets, config.num_groups, head_dim]

@@ -14,8 +14,8 @@ from torch import nn
 from .config import FocusConfig
 from .decomposed import decomposed_hard_attention
 from .distributed import average_across_processes
-from .reference import causal_pairs, dense_attention, hard_allowed, sink_keys, soft_bias
-from .routing import inference_log_assign, routing_logits, sinkhorn, top_k_groups
+from .reference import causal_pairs, dense_attention, hard_allowed, sink_keys, soft_bias, split_query_heads
+from .routing import inference_log_assign, routing_logits, sinkhorn, top_k_groups, undo_rotary
 
 FOCUS_ATTENTION = "focus"
 DECOMPOSE_HARD_PREFILL = True
@@ -58,6 +58,42 @@ def layer_routing_logits(module: nn.Module, vectors: torch.Tensor) -> torch.Tens
     return routing_logits(vectors.detach(), module.focus_centroids, module.focus_config.temperature)
 
 
+def key_positions(position_ids: torch.Tensor | None, k_len: int, device: torch.device) -> torch.Tensor:
+    """(B or 1, L) positions of the keys. The queries are the last keys, and positions run on by one per key: true
+    of a whole sequence, of a KV cache, and of left padding as generate() numbers it (padding keys, numbered
+    otherwise, are never in a pair). So the positions of a cache follow from the queries' alone: no state."""
+    steps = torch.arange(k_len, device=device)[None]
+    if position_ids is None:
+        return steps
+    return position_ids[:, -1:].to(device) - (k_len - 1) + steps
+
+
+def routing_vectors(module: nn.Module, vectors: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """What a Focus layer routes: `vectors` (B, heads, L, D) at `positions` (B or 1, L), with the layer's rotary
+    embedding undone when the config asks for it and the model has one (float32 then; else unchanged)."""
+    inv_freq = getattr(module, "focus_inv_freq", None)
+    if not module.focus_config.unrotate or inv_freq is None:
+        return vectors
+    return undo_rotary(vectors, positions, inv_freq)
+
+
+def route_queries(module: nn.Module, query: torch.Tensor, k_heads: int) -> torch.Tensor:
+    """Log-assignments (B, H, Q, G) of every query head's query vector to the groups of its key/value head.
+
+    A plain softmax over groups, in training as at inference: a query's groups depend on that query alone (causal,
+    stateless in decoding), and balance is the keys' business (their groups set how many keys each query reads).
+    The query is detached, as the keys are: gradients reach the centroids only.
+
+    Args:
+        query: (B, H, Q, D), H = K * R.
+    """
+    centroids = module.focus_centroids  # (K or 1, G, D)
+    if centroids.shape[0] == k_heads and k_heads > 1:
+        centroids = centroids.repeat_interleave(query.shape[1] // k_heads, dim=0)  # (H, G, D)
+    logits = routing_logits(query.detach(), centroids, module.focus_config.temperature)
+    return torch.log_softmax(logits, dim=-1)
+
+
 def focus_attention(
     module: nn.Module,
     query: torch.Tensor,
@@ -77,27 +113,33 @@ def focus_attention(
     config: FocusConfig = module.focus_config
     q_len, k_len = query.shape[-2], key.shape[-2]
     base_mask = None if attention_mask is None else attention_mask[..., :k_len]
+    positions = key_positions(kwargs.get("position_ids"), k_len, key.device)
+    key_vectors = routing_vectors(module, key if config.route_on == "key" else value, positions)
     trace = getattr(module, TRACE_ATTRIBUTE, None)
     if trace is not None:
-        trace.append(layer_routing_logits(module, key if config.route_on == "key" else value))
+        trace.append(layer_routing_logits(module, key_vectors))
     if config.window >= k_len:
         # Every pair the model allows is local: Focus is exactly the model's own attention.
         out = unmodified_attention(query, key, value, base_mask, scaling, dropout, softcap)
         return out.transpose(1, 2).contiguous(), None
 
     valid = None if base_mask is None else base_mask.any(dim=-2)[:, 0]  # (B, L) real (non-padding) keys
-    log_p = route(module, key if config.route_on == "key" else value, valid)  # (B, K, L, G)
-    log_p_q = log_p[:, :, k_len - q_len :]  # a query token is routed by its own key
+    log_p = route(module, key_vectors, valid)  # (B, K, L, G)
+    if config.route_queries == "query":
+        query_vectors = routing_vectors(module, query, positions[:, k_len - q_len :])
+        log_p_q = route_queries(module, query_vectors, key.shape[1])  # (B, H, Q, G)
+    else:
+        log_p_q = log_p[:, :, k_len - q_len :]  # (B, K, Q, G): a query token is routed by its own key
     sinks = sink_keys(valid, k_len, config.sink_tokens, key.device) if config.sink_tokens else None
     if config.mode == "soft":
-        bias, allowed = soft_bias(log_p_q, log_p, config.window, base_mask, config.gate_floor, sinks)
+        bias, allowed = soft_bias(log_p_q, log_p, config.window, base_mask, config.gate_floor, sinks, config.gate)
     else:
         groups = top_k_groups(log_p, config.top_k)
-        if _decomposable(query, key, softcap, dropout, kwargs.get("sliding_window")):
+        if config.route_queries == "key" and _decomposable(query, key, softcap, dropout, kwargs.get("sliding_window")):
             out = decomposed_hard_attention(query, key, value, groups, config.window, valid, sinks, scaling)
             return out.transpose(1, 2).contiguous(), None
         allowed = hard_allowed(
-            groups[:, :, k_len - q_len :], groups, config.num_groups, config.window, base_mask, sinks
+            top_k_groups(log_p_q, config.top_k), groups, config.num_groups, config.window, base_mask, sinks
         )
         bias = None
     if softcap is not None:  # SDPA has no soft-capping: use the explicit path (Gemma 2)
@@ -137,21 +179,21 @@ def sdpa_grouped(
 
     Args:
         query: (B, H, Q, D); key, value: (B, K, L, D).
-        allowed: bool broadcastable to (B, K, Q, L).
-        bias: float (B, K, Q, L) added where allowed, or None.
+        allowed: bool broadcastable to (B, K, Q, L), or per query head (B, H, Q, L).
+        bias: float (B, K or H, Q, L) added where allowed, or None.
     Returns:
         (B, H, Q, D).
     """
     b, h, q_len, d = query.shape
     k_heads, k_len = key.shape[1], key.shape[2]
     r = h // k_heads
-    allowed = allowed.expand(b, k_heads, q_len, k_len)
+    allowed = split_query_heads(allowed, k_heads)  # (B, K, R or 1, Q, L)
     if bias is None:
         mask = allowed | ~allowed.any(dim=-1, keepdim=True)  # padding rows: attend anywhere, not NaN
     else:
         floor = torch.finfo(query.dtype).min
-        mask = torch.where(allowed, bias.to(query.dtype), floor)
-    mask = mask[:, :, None].expand(b, k_heads, r, q_len, k_len).reshape(b, k_heads, r * q_len, k_len)
+        mask = torch.where(allowed, split_query_heads(bias, k_heads).to(query.dtype), floor)
+    mask = mask.expand(b, k_heads, r, q_len, k_len).reshape(b, k_heads, r * q_len, k_len)
     q = query.reshape(b, k_heads, r * q_len, d)  # (B, K, R*Q, D)
     out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling)
     return out.view(b, h, q_len, d)

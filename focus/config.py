@@ -74,10 +74,11 @@ def to_dict(config: Any) -> dict[str, Any]:
 class FocusConfig:
     """How Focus routes tokens to groups and which attention pairs it keeps.
 
-    A pair (query i, key j <= i) is kept when i - j < `window` (local, full resolution) or when the two
-    tokens share a group; sink tokens belong to every group. Groups are per key/value head: every token belongs to the groups that its key
-    vector is routed to, as a query and as a key, which is what lets the hard pattern run as a local
-    call plus one causal call per group.
+    A pair (query i, key j <= i) is kept when i - j < `window` (local, full resolution) or when the query's
+    groups and the key's groups share one; sink tokens belong to every group. Centroids live in each key/value
+    head's key space. A key joins the groups its key vector is routed to; a query joins either the groups of
+    its own key (`route_queries="key"`: one group set per token) or the groups its own query vector is routed
+    to, per query head (`route_queries="query"`: the groups whose keys it would attend to).
     """
 
     num_groups: int = field(default=16, metadata={"help": "Groups (centroids) per routing head."})
@@ -110,12 +111,37 @@ class FocusConfig:
             "embedding) or its value (position-free). Both live in the KV cache, so decoding needs no state."
         },
     )
+    route_queries: Literal["key", "query"] = field(
+        default="key",
+        metadata={
+            "help": "How a query token picks its groups: 'key' takes the groups of its own key (key-key similarity; "
+            "one group set per token); 'query' routes each query head's query vector against the same centroids, "
+            "as the Routing Transformer does, so a query joins the groups of the keys it attends to. Needs "
+            "route_on='key'."
+        },
+    )
+    unrotate: bool = field(
+        default=False,
+        metadata={
+            "help": "Route on keys and queries with the rotary position embedding undone (exact, from each token's "
+            "position), so that groups follow content rather than position. Models without rotary embeddings "
+            "(GPT-2: learned absolute positions, mixed into the hidden state) have no rotation to undo."
+        },
+    )
     shared_centroids: bool = field(
         default=False,
         metadata={"help": "One centroid set shared by all key/value heads of a layer instead of one per head."},
     )
     mode: Literal["soft", "hard"] = field(
         default="soft", metadata={"help": "soft: differentiable gate (training); hard: top-k mask (inference)."}
+    )
+    gate: Literal["overlap", "neutral"] = field(
+        default="overlap",
+        metadata={
+            "help": "Soft gate on distant pairs: 'overlap' adds log(sum_g P_ig P_jg) <= 0, which charges every pair "
+            "(about log G for two uncertain tokens); 'neutral' adds min(0, log(G sum_g P_ig P_jg)): pairs that agree "
+            "at least as much as chance pay nothing, as the pairs hard mode keeps, and only mismatches are penalised."
+        },
     )
     gate_floor: float = field(
         default=1e-6,
@@ -142,6 +168,12 @@ class FocusConfig:
             raise ConfigError(f"FocusConfig.balance_momentum must be in [0, 1), got {self.balance_momentum}")
         if not self.temperature > 0:
             raise ConfigError(f"FocusConfig.temperature must be > 0, got {self.temperature}")
+        if self.route_queries == "query" and self.route_on != "key":
+            raise ConfigError(
+                f"FocusConfig.route_queries='query' needs route_on='key' (queries live in key space), got {self.route_on!r}"
+            )
+        if self.unrotate and self.route_on != "key":
+            raise ConfigError(f"FocusConfig.unrotate needs route_on='key' (values carry no rotation), got {self.route_on!r}")
         if not 0 < self.gate_floor < 1:
             raise ConfigError(f"FocusConfig.gate_floor must be in (0, 1), got {self.gate_floor}")
 

@@ -9,7 +9,9 @@ A query i may attend to key j when the model allows it (causal, padding, its own
 
 Shapes: B batch, H query heads, K key/value heads (H = K * R), Q query tokens, L key tokens,
 G groups, D head size. Queries are aligned to the end of the keys (a KV cache holds the past), so
-query i sits at position L - Q + i.
+query i sits at position L - Q + i. Query-side routing data comes per key/value head (K: every query head of
+a key/value head shares its pattern) or per query head (H: each query head routes its own query vector);
+patterns and biases come back with the same head axis.
 """
 
 from __future__ import annotations
@@ -54,24 +56,44 @@ def sink_keys(valid: torch.Tensor | None, k_len: int, sink_tokens: int, device=N
     return valid & (valid.long().cumsum(dim=-1) <= sink_tokens)
 
 
-def soft_gate(log_p_q: torch.Tensor, log_p_k: torch.Tensor, floor: float) -> torch.Tensor:
-    """log(sum_g P_ig P_jg), clamped at log(floor) so the logit stays finite.
+def split_query_heads(x: torch.Tensor, k_heads: int) -> torch.Tensor:
+    """(B, K or H or 1, ...) -> (B, K or 1, R or 1, ...): a query-head axis per key/value head.
+
+    Data per key/value head (or shared by all heads) gets a broadcastable axis of 1; data per query head
+    (H = K * R, query heads of one key/value head adjacent, as transformers orders them) is unflattened.
+    """
+    heads = x.shape[1]
+    if heads in (1, k_heads):
+        return x[:, :, None]
+    return x.unflatten(1, (k_heads, heads // k_heads))
+
+
+def soft_gate(log_p_q: torch.Tensor, log_p_k: torch.Tensor, floor: float, form: str = "overlap") -> torch.Tensor:
+    """The soft gate of distant pairs from the probability that two tokens share a group, o = sum_g P_ig P_jg.
+
+    "overlap": log(o), clamped at log(floor) so the logit stays finite. "neutral": min(0, log(G o)) (the same
+    clamp below): no charge for a pair at or above chance agreement (o >= 1 / G).
 
     Args:
-        log_p_q: (B, K, Q, G) log-assignments of the query tokens.
+        log_p_q: (B, K or H, Q, G) log-assignments of the query tokens.
         log_p_k: (B, K, L, G) log-assignments of the key tokens.
     Returns:
-        (B, K, Q, L) float32.
+        (B, K or H, Q, L) float32, the head axis of `log_p_q`.
     """
-    same_group = torch.einsum("bkqg,bklg->bkql", log_p_q.float().exp(), log_p_k.float().exp())
-    return same_group.clamp_min(floor).log()
+    p_q = split_query_heads(log_p_q.float().exp(), log_p_k.shape[1])  # (B, K, R, Q, G)
+    same_group = torch.einsum("bkrqg,bklg->bkrql", p_q, log_p_k.float().exp()).flatten(1, 2)
+    if form == "overlap":
+        return same_group.clamp_min(floor).log()
+    if form == "neutral":
+        return (same_group * log_p_k.shape[-1]).clamp_min(floor).log().clamp_max(0.0)
+    raise ValueError(f"unknown soft gate {form!r}")
 
 
 def shared_group(groups_q: torch.Tensor, groups_k: torch.Tensor, num_groups: int) -> torch.Tensor:
-    """(B, K, Q, top_k), (B, K, L, top_k) group ids -> (B, K, Q, L) bool: the tokens share a group."""
-    member_q = group_membership(groups_q, num_groups).float()
+    """(B, K or H, Q, top_k), (B, K, L, top_k) group ids -> (B, K or H, Q, L) bool: the tokens share a group."""
+    member_q = split_query_heads(group_membership(groups_q, num_groups).float(), groups_k.shape[1])
     member_k = group_membership(groups_k, num_groups).float()
-    return torch.einsum("bkqg,bklg->bkql", member_q, member_k) > 0
+    return (torch.einsum("bkrqg,bklg->bkrql", member_q, member_k) > 0).flatten(1, 2)
 
 
 def soft_bias(
@@ -81,21 +103,23 @@ def soft_bias(
     base_mask: torch.Tensor | None,
     floor: float,
     sinks: torch.Tensor | None = None,
+    gate: str = "overlap",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Soft Focus as an additive logit bias.
+    """Soft Focus as an additive logit bias (`gate`: the form of `soft_gate`).
 
     Args:
+        log_p_q: (B, K or H, Q, G), log_p_k: (B, K, L, G) log-assignments of queries and keys.
         sinks: (B or 1, L) bool keys that belong to every group (see `sink_keys`), or None.
     Returns:
-        bias: (B, K, Q, L) float32, 0 on local pairs and sink keys, the soft gate on other pairs.
+        bias: (B, K or H, Q, L) float32, 0 on local pairs and sink keys, the soft gate on other pairs.
         allowed: (B or 1, 1, Q, L) bool, the pairs the model itself allows.
     """
     q_len, k_len = log_p_q.shape[-2], log_p_k.shape[-2]
     free = local_pairs(q_len, k_len, window, log_p_q.device)
     if sinks is not None:
         free = free | sinks[:, None, None, :]  # a sink shares every group: probability 1
-    gate = soft_gate(log_p_q, log_p_k, floor)
-    bias = torch.where(free, torch.zeros((), device=gate.device), gate)
+    charge = soft_gate(log_p_q, log_p_k, floor, gate)
+    bias = torch.where(free, torch.zeros((), device=charge.device), charge)
     return bias, model_allowed(base_mask, q_len, k_len, log_p_q.device)
 
 
@@ -107,7 +131,10 @@ def hard_allowed(
     base_mask: torch.Tensor | None,
     sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Hard Focus: (B, K, Q, L) bool pairs kept = model-allowed and (local, sharing a group or a sink key).
+    """Hard Focus: (B, K or H, Q, L) bool pairs kept = model-allowed and (local, sharing a group or a sink key).
+
+    Args:
+        groups_q: (B, K or H, Q, top_k) group ids of the queries; groups_k: (B, K, L, top_k) of the keys.
 
     A sink query needs no rule of its own: every key it can see (causally) is a sink too.
     """
@@ -136,21 +163,22 @@ def dense_attention(
 
     Args:
         query: (B, H, Q, D); key, value: (B, K, L, D) with H a multiple of K.
-        allowed: bool, broadcastable to (B, K, Q, L).
-        bias: float, broadcastable to (B, K, Q, L), added to allowed logits.
+        allowed: bool, broadcastable to (B, K, Q, L), or per query head (B, H, Q, L).
+        bias: float, shaped as `allowed`, added to allowed logits.
     Returns:
         (B, H, Q, D) in the query's dtype.
     """
     b, h, q_len, d = query.shape
     k_heads, k_len = key.shape[1], key.shape[2]
+    r = h // k_heads
     scaling = d**-0.5 if scaling is None else scaling
-    q = query.float().view(b, k_heads, h // k_heads, q_len, d)  # (B, K, R, Q, D)
+    q = query.float().view(b, k_heads, r, q_len, d)  # (B, K, R, Q, D)
     logits = torch.einsum("bkrqd,bkld->bkrql", q, key.float()) * scaling
     if softcap is not None:
         logits = softcap * torch.tanh(logits / softcap)
     if bias is not None:
-        logits = logits + bias.float()[:, :, None]
-    allowed = allowed.expand(b, k_heads, q_len, k_len)[:, :, None]
+        logits = logits + split_query_heads(bias.float(), k_heads)
+    allowed = split_query_heads(allowed, k_heads).expand(b, k_heads, r, q_len, k_len)
     allowed = allowed | ~allowed.any(dim=-1, keepdim=True)  # padding rows: uniform, not NaN
     logits = logits.masked_fill(~allowed, float("-inf"))
     weights = torch.softmax(logits, dim=-1)

@@ -16,7 +16,7 @@ from torch import nn
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from .attention import FOCUS_ATTENTION, focus_attention, unmodified_attention
+from .attention import FOCUS_ATTENTION, focus_attention, key_positions, routing_vectors, unmodified_attention
 from .config import FocusConfig
 from .distributed import copy_full_
 from .models import input_device
@@ -52,6 +52,23 @@ def head_shape(model: PreTrainedModel) -> tuple[int, int]:
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     return kv_heads, head_dim
+
+
+def rotary_frequencies(model: nn.Module, module: nn.Module) -> torch.Tensor | None:
+    """(D / 2,) rotary frequencies the attention layer `module` is embedded with, or None (no rotary embedding).
+
+    transformers keeps one rotary module per model (`inv_freq`), or, where layer types differ (Gemma 3's local and
+    global layers), one frequency buffer per type (`<layer type>_inv_freq`).
+    """
+    layer_types = getattr(model.config.get_text_config(), "layer_types", None)
+    for name, rotary in model.named_modules():
+        if not name.endswith("rotary_emb"):
+            continue
+        if layer_types is not None and hasattr(rotary, f"{layer_types[module.layer_idx]}_inv_freq"):
+            return getattr(rotary, f"{layer_types[module.layer_idx]}_inv_freq")
+        if isinstance(getattr(rotary, "inv_freq", None), torch.Tensor):
+            return rotary.inv_freq
+    return None
 
 
 def has_focus(model: nn.Module) -> bool:
@@ -96,9 +113,19 @@ def apply_focus(
     model.requires_grad_(False)
     kv_heads, head_dim = head_shape(model)
     sets = 1 if config.shared_centroids else kv_heads
+    if config.unrotate and rotary_frequencies(model, modules[0]) is None:
+        warnings.warn(f"apply_focus: unrotate=True, but {type(model).__name__} has no rotary embedding to undo; "
+                      "it routes on its keys as they are", stacklevel=2)
     for module in modules:
         device = next(module.parameters()).device  # its own: a model spread over GPUs has layers on each
         module.focus_config = config
+        inv_freq = rotary_frequencies(model, module)
+        if inv_freq is not None:  # kept whatever the config, so set_focus_mode can switch unrotate on
+            if inv_freq.numel() * 2 != head_dim:
+                raise ValueError(f"unsupported architecture {type(model).__name__}: a rotary embedding on "
+                                 f"{inv_freq.numel() * 2} of {head_dim} head dimensions (partial rotary)")
+            # Not persistent: derived from the model, never part of an adapter or a checkpoint.
+            module.register_buffer("focus_inv_freq", inv_freq.detach().float().clone().to(device), persistent=False)
         # float32 whatever the model's dtype: these are the only weights an optimizer updates.
         module.focus_centroids = nn.Parameter(torch.zeros(sets, config.num_groups, head_dim, device=device))
         module.register_buffer("focus_group_bias", torch.zeros(sets, config.num_groups, device=device))
@@ -136,6 +163,8 @@ def remove_focus(model: PreTrainedModel) -> PreTrainedModel:
     original = model._focus_original
     for module in attention_modules(model):
         del module.focus_centroids, module.focus_group_bias, module.focus_config
+        if hasattr(module, "focus_inv_freq"):
+            del module.focus_inv_freq
     model.set_attn_implementation(original["attn_implementation"])
     for name, param in model.named_parameters():
         param.requires_grad_(original["requires_grad"][name])
@@ -215,7 +244,8 @@ def _calibration_attention(module, query, key, value, attention_mask, scaling=No
     """Dense attention that records each layer's routing vectors (real tokens only) for k-means."""
     k_len = key.shape[-2]
     base_mask = None if attention_mask is None else attention_mask[..., :k_len]
-    vectors = key if module.focus_config.route_on == "key" else value  # (B, K, L, D)
+    positions = key_positions(kwargs.get("position_ids"), k_len, key.device)
+    vectors = routing_vectors(module, key if module.focus_config.route_on == "key" else value, positions)  # (B, K, L, D)
     tokens = vectors.transpose(1, 2).float()  # (B, L, K, D)
     if base_mask is not None:
         tokens = tokens[base_mask.any(dim=-2)[:, 0]]  # (N, K, D)

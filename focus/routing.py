@@ -29,6 +29,26 @@ def routing_logits(vectors: torch.Tensor, centroids: torch.Tensor, temperature: 
     return torch.einsum("bhld,hgd->bhlg", x, c) / temperature
 
 
+def undo_rotary(vectors: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Vectors as they were before the rotary position embedding (transformers' rotate-half layout).
+
+    The embedding turns each pair (x_m, x_{m + D/2}) by the angle position * inv_freq[m]; turning it back by the
+    same angle is exact, so routing on the result depends on what a token says, not where it stands.
+
+    Args:
+        vectors: (B, H, L, D) rotary-embedded vectors.
+        positions: (B or 1, L) the position each token was embedded at.
+        inv_freq: (D / 2,) the rotary frequencies of the layer.
+    Returns:
+        (B, H, L, D) float32.
+    """
+    angles = positions[..., None].float() * inv_freq.float().to(vectors.device)  # (B, L, D/2)
+    angles = torch.cat([angles, angles], dim=-1)[:, None]  # (B, 1, L, D)
+    x = vectors.float()
+    first, second = x.chunk(2, dim=-1)
+    return x * angles.cos() - torch.cat([-second, first], dim=-1) * angles.sin()
+
+
 def sinkhorn(logits: torch.Tensor, iters: int, valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Balance soft assignments of tokens to groups over each sequence (log-domain Sinkhorn).
 

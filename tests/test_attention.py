@@ -7,7 +7,7 @@ from torch import nn
 from focus import FocusConfig
 from focus.attention import focus_attention, route
 from focus.reference import dense_attention, hard_allowed, sink_keys, soft_bias
-from focus.routing import top_k_groups
+from focus.routing import routing_logits, top_k_groups
 
 
 def make_layer(config: FocusConfig, kv_heads: int, head_dim: int, seed: int = 0) -> nn.Module:
@@ -38,12 +38,19 @@ def reference_attention(layer, q, key, v, mask, scaling=None, softcap=None):
     q_len, k_len = q.shape[-2], key.shape[-2]
     valid = None if mask is None else mask.any(dim=-2)[:, 0]
     log_p = route(layer, key if config.route_on == "key" else v, valid)
+    if config.route_queries == "query":  # each query head against its key/value head's centroids, written out
+        centroids = layer.focus_centroids
+        per_head = torch.stack([centroids[min(h * centroids.shape[0] // q.shape[1], centroids.shape[0] - 1)]
+                                for h in range(q.shape[1])])  # (H, G, D)
+        log_p_q = torch.log_softmax(routing_logits(q.detach(), per_head, config.temperature), dim=-1)  # routing: centroids only
+    else:
+        log_p_q = log_p[:, :, k_len - q_len :]
     sinks = sink_keys(valid, k_len, config.sink_tokens)
     if config.mode == "soft":
-        bias, allowed = soft_bias(log_p[:, :, k_len - q_len :], log_p, config.window, mask, config.gate_floor, sinks)
+        bias, allowed = soft_bias(log_p_q, log_p, config.window, mask, config.gate_floor, sinks, config.gate)
     else:
         groups = top_k_groups(log_p, config.top_k)
-        allowed = hard_allowed(groups[:, :, k_len - q_len :], groups, config.num_groups, config.window, mask, sinks)
+        allowed = hard_allowed(top_k_groups(log_p_q, config.top_k), groups, config.num_groups, config.window, mask, sinks)
         bias = None
     return dense_attention(q, key, v, allowed, bias, scaling, softcap)
 
@@ -55,22 +62,29 @@ def run_focus(layer, q, key, v, mask, **kwargs):
 
 
 CASES = [
-    # mode, top_k, window, heads, kv_heads, pads, route_on, shared, sinks
-    ("soft", 2, 5, 6, 2, (0, 7), "key", False, 1),
-    ("soft", 1, 0, 3, 3, (), "value", False, 0),
-    ("soft", 2, 9, 4, 1, (3, 0), "key", True, 4),
-    ("hard", 1, 5, 6, 2, (0, 7), "key", False, 1),
-    ("hard", 2, 0, 3, 3, (), "key", False, 0),
-    ("hard", 2, 9, 4, 1, (3, 0), "value", True, 4),
-    ("hard", 4, 3, 4, 2, (0, 2), "key", False, 1),  # top_k == num_groups: every pair shares a group
+    # mode, top_k, window, heads, kv_heads, pads, route_on, shared, sinks, route_queries
+    ("soft", 2, 5, 6, 2, (0, 7), "key", False, 1, "key"),
+    ("soft", 1, 0, 3, 3, (), "value", False, 0, "key"),
+    ("soft", 2, 9, 4, 1, (3, 0), "key", True, 4, "key"),
+    ("soft", 2, 5, 6, 2, (0, 7), "key", False, 1, "query"),
+    ("soft", 1, 3, 4, 1, (3, 0), "key", True, 2, "query"),
+    ("soft", 2, 4, 6, 3, (0, 5), "key", False, 1, "query", "neutral"),
+    ("hard", 1, 5, 6, 2, (0, 7), "key", False, 1, "key"),
+    ("hard", 2, 0, 3, 3, (), "key", False, 0, "key"),
+    ("hard", 2, 9, 4, 1, (3, 0), "value", True, 4, "key"),
+    ("hard", 4, 3, 4, 2, (0, 2), "key", False, 1, "key"),  # top_k == num_groups: every pair shares a group
+    ("hard", 2, 5, 6, 2, (0, 7), "key", False, 1, "query"),
+    ("hard", 1, 0, 3, 3, (), "key", True, 0, "query"),
 ]
 
 
-@pytest.mark.parametrize("mode,top_k,window,heads,kv_heads,pads,route_on,shared,sinks", CASES)
+@pytest.mark.parametrize("case", CASES, ids=str)
 @pytest.mark.parametrize("training", [False, True])
-def test_outputs_match_reference(mode, top_k, window, heads, kv_heads, pads, route_on, shared, sinks, training):
+def test_outputs_match_reference(case, training):
+    mode, top_k, window, heads, kv_heads, pads, route_on, shared, sinks, route_queries, *gate = case
     config = FocusConfig(
-        num_groups=4, top_k=top_k, window=window, mode=mode, route_on=route_on, shared_centroids=shared, sink_tokens=sinks
+        num_groups=4, top_k=top_k, window=window, mode=mode, route_on=route_on, shared_centroids=shared,
+        sink_tokens=sinks, route_queries=route_queries, gate=gate[0] if gate else "overlap",
     )
     layer = make_layer(config, kv_heads, 8)
     q, key, v, mask = make_inputs(2, heads, kv_heads, 37, 8, pads)
@@ -82,9 +96,10 @@ def test_outputs_match_reference(mode, top_k, window, heads, kv_heads, pads, rou
     assert torch.isfinite(out).all()
 
 
+@pytest.mark.parametrize("route_queries", ["key", "query"])
 @pytest.mark.parametrize("mode", ["soft", "hard"])
-def test_gradients_match_reference(mode):
-    config = FocusConfig(num_groups=4, top_k=2, window=4, mode=mode)
+def test_gradients_match_reference(mode, route_queries):
+    config = FocusConfig(num_groups=4, top_k=2, window=4, mode=mode, route_queries=route_queries)
     layer = make_layer(config, 2, 8)
     q, key, v, mask = make_inputs(2, 4, 2, 23, 8, pads=(0, 5))
     weight = torch.randn(2, 4, 23, 8)  # an arbitrary downstream loss
@@ -105,10 +120,11 @@ def test_gradients_match_reference(mode):
         assert grads[0][3].abs().sum() > 0, "soft mode must train the centroids"
 
 
+@pytest.mark.parametrize("route_queries", ["key", "query"])
 @pytest.mark.parametrize("mode", ["soft", "hard"])
-def test_decoding_rows_equal_prefill_rows(mode):
+def test_decoding_rows_equal_prefill_rows(mode, route_queries):
     """Queries at the end of a KV cache see what the same rows of a full prefill see."""
-    config = FocusConfig(num_groups=4, top_k=2, window=3, mode=mode)
+    config = FocusConfig(num_groups=4, top_k=2, window=3, mode=mode, route_queries=route_queries)
     layer = make_layer(config, 2, 8)
     q, key, v, _ = make_inputs(1, 4, 2, 30, 8)
     with torch.no_grad():
@@ -136,10 +152,11 @@ def test_softcap_path_matches_reference():
     torch.testing.assert_close(out[:, :, 3:], expected[:, :, 3:])
 
 
+@pytest.mark.parametrize("route_queries", ["key", "query"])
 @pytest.mark.parametrize("mode", ["soft", "hard"])
-def test_bfloat16_error_within_twice_the_reference_error(mode):
+def test_bfloat16_error_within_twice_the_reference_error(mode, route_queries):
     """flash-attn's rule: the fast path's error vs float32 is at most twice the reference's in bf16."""
-    config = FocusConfig(num_groups=4, top_k=2, window=5, mode=mode)
+    config = FocusConfig(num_groups=4, top_k=2, window=5, mode=mode, route_queries=route_queries)
     layer = make_layer(config, 2, 16)
     q, key, v, mask = make_inputs(2, 4, 2, 64, 16, pads=(0, 9))
     with torch.no_grad():

@@ -61,6 +61,34 @@ def test_soft_bias_is_log_same_group_probability_outside_the_window():
                 assert allowed[0, 0, i, j].item() == (j <= i)
 
 
+def test_neutral_gate_charges_only_pairs_below_chance_agreement():
+    gen = torch.Generator().manual_seed(1)
+    log_p = torch.log_softmax(3 * torch.randn(1, 1, 7, 4, generator=gen), -1)
+    bias, _ = soft_bias(log_p, log_p, window=2, base_mask=None, floor=1e-6, gate="neutral")
+    p = log_p.exp()
+    for i in range(7):
+        for j in range(i - 1):  # distant pairs
+            overlap = sum(p[0, 0, i, g] * p[0, 0, j, g] for g in range(4)).item()
+            expected = min(0.0, math.log(max(4 * overlap, 1e-6)))
+            assert bias[0, 0, i, j].item() == pytest.approx(expected, abs=1e-5)
+    assert (bias <= 0).all() and (bias == 0).any() and (bias < -1).any()
+
+
+def test_per_query_head_groups_give_each_query_head_its_own_pattern():
+    """Query groups per query head (H = K * R = 2 * 2), key groups per key/value head: pair (i, j) of query head
+    h is kept when h's groups for i meet the groups of key j in h's key/value head h // R."""
+    gen = torch.Generator().manual_seed(2)
+    groups_k = torch.randint(3, (1, 2, 8, 1), generator=gen)
+    groups_q = torch.randint(3, (1, 4, 8, 1), generator=gen)
+    allowed = hard_allowed(groups_q, groups_k, 3, 2, None)
+    assert allowed.shape == (1, 4, 8, 8)
+    for h in range(4):
+        for i in range(8):
+            for j in range(8):
+                shared = groups_q[0, h, i, 0] == groups_k[0, h // 2, j, 0]
+                assert allowed[0, h, i, j].item() == (j <= i and (i - j < 2 or bool(shared)))
+
+
 def test_sink_keys_are_the_first_real_tokens():
     valid = torch.tensor([[True] * 6, [False, False, True, True, True, True]])
     assert sink_keys(valid, 6, 2).tolist() == [[True, True, False, False, False, False],

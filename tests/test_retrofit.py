@@ -1,6 +1,7 @@
 """apply_focus / remove_focus on every supported family, built tiny and random."""
 
 import copy
+import json
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ from focus import (
     ConfigError,
     FocusConfig,
     apply_focus,
+    focus_config,
     focus_parameter_count,
     focus_parameters,
     load_focus,
@@ -18,6 +20,8 @@ from focus import (
     set_focus_mode,
 )
 from focus.models import TINY_FAMILIES, tiny_model
+from focus.retrofit import attention_modules
+from focus.routing import undo_rotary
 
 LENGTH = 24
 
@@ -77,12 +81,21 @@ def test_generate_matches_unmodified_greedy_output(family):
     assert torch.equal(model.generate(prompt, **kwargs), expected)
 
 
+ROUTINGS = {  # the routing designs, as FocusConfig changes
+    "key": {},
+    "query": {"route_queries": "query"},
+    "query-unrotated": {"route_queries": "query", "unrotate": True},
+}
+
+
+@pytest.mark.parametrize("routing", list(ROUTINGS))
 @pytest.mark.parametrize("mode", ["soft", "hard"])
-def test_kv_cache_decoding_equals_full_recompute(mode):
+def test_kv_cache_decoding_equals_full_recompute(mode, routing):
     """Cached keys keep their groups: step-by-step decoding sees what a full forward pass sees."""
     model = tiny_model("llama", seed=0)
     ids, _ = padded_batch(model.config.vocab_size)
-    apply_focus(model, FocusConfig(window=3, num_groups=4, top_k=1, mode=mode), calibration_ids=ids)
+    config = FocusConfig(window=3, num_groups=4, top_k=1, mode=mode, **ROUTINGS[routing])
+    apply_focus(model, config, calibration_ids=ids)
     ids = ids[:1]
     full = logits(model, ids, None)
     with torch.no_grad():
@@ -93,6 +106,71 @@ def test_kv_cache_decoding_equals_full_recompute(mode):
             steps.append(out.logits)
             cache = out.past_key_values
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("routing", ["query", "query-unrotated"])
+def test_every_family_runs_each_routing_and_padded_rows_equal_unpadded_ones(family, routing, one_thread):
+    """A left-padded row gives what the same tokens give alone: the positions of padded keys (unrotate) and the
+    per-query-head groups (route_queries) are right under padding, in every architecture."""
+    model = tiny_model(family, seed=0)
+    ids, mask = padded_batch(model.config.vocab_size)
+    apply_focus(model, FocusConfig(window=3, num_groups=4, top_k=1, mode="hard", **ROUTINGS[routing]),
+                calibration_ids=ids)
+    positions = (mask.cumsum(-1) - 1).clamp_min(0)  # as generate() numbers a left-padded row
+    with torch.no_grad():
+        batch = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+        alone = model(input_ids=ids[1:, 5:]).logits
+    torch.testing.assert_close(batch[1, 5:], alone[0], atol=1e-4, rtol=1e-4)
+
+
+def test_unrotated_routing_ignores_where_a_text_stands():
+    """Shifting every position leaves the first layer's routing logits unchanged with unrotate (its keys are the
+    token embeddings' projections, turned by position) and changes them without."""
+    model = tiny_model("llama", seed=0)
+    ids, _ = padded_batch(model.config.vocab_size)
+    apply_focus(model, FocusConfig(window=3, num_groups=4, route_queries="query", unrotate=True), calibration_ids=ids)
+    first = attention_modules(model)[0]
+    traced = {}
+    for unrotate in (True, False):
+        set_focus_mode(model, "hard", unrotate=unrotate)
+        for shift in (0, 37):
+            first.focus_trace = []
+            with torch.no_grad():
+                model(input_ids=ids[:1], position_ids=torch.arange(LENGTH)[None] + shift)
+            traced[unrotate, shift] = first.focus_trace[0]
+    del first.focus_trace
+    torch.testing.assert_close(traced[True, 0], traced[True, 37], atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(traced[False, 0], traced[False, 37], atol=1e-2)
+
+
+def test_undo_rotary_inverts_the_models_rotary_embedding():
+    model = tiny_model("qwen2", seed=0)
+    from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 11, model.config.head_dim, generator=gen)
+    positions = torch.arange(11)[None].repeat(2, 1) + torch.tensor([[0], [400]])
+    cos, sin = model.model.rotary_emb(x, positions)
+    rotated, _ = apply_rotary_pos_emb(x, x, cos, sin)
+    torch.testing.assert_close(undo_rotary(rotated, positions, model.model.rotary_emb.inv_freq), x, atol=1e-5, rtol=1e-4)
+
+
+def test_gpt2_has_no_rotation_to_undo():
+    model = tiny_model("gpt2", seed=0)
+    with pytest.warns(UserWarning, match="no rotary embedding to undo"):
+        apply_focus(model, FocusConfig(num_groups=4, route_queries="query", unrotate=True), init_centroids=False)
+
+
+def test_adapters_written_before_query_routing_load_as_key_routed(tmp_path):
+    model = tiny_model("llama", seed=0)
+    apply_focus(model, FocusConfig(num_groups=4, window=3), init_centroids=False)
+    save_focus(model, tmp_path)
+    record = json.loads((tmp_path / "focus_config.json").read_text())
+    del record["focus_config"]["route_queries"]  # as an adapter of focus 0.1.0 wrote it
+    (tmp_path / "focus_config.json").write_text(json.dumps(record))
+    fresh = tiny_model("llama", seed=0)
+    load_focus(fresh, tmp_path)
+    assert focus_config(fresh).route_queries == "key"
 
 
 def test_only_centroids_train_and_remove_restores_the_model_exactly():
