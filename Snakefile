@@ -14,6 +14,7 @@ include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/benchmark.smk"
 include: "workflow/rules/scratch.smk"
 include: "workflow/rules/interpret.smk"
+include: "workflow/rules/study.smk"
 include: "workflow/rules/report.smk"
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import sys
@@ -42,7 +43,7 @@ from .perplexity import perplexity
 from .profile import FULL_FINETUNE, method_variant
 from .provenance import provenance
 from .retrofit import apply_focus, calibrate_centroids, focus_parameter_count, set_focus_mode
-from .training import CHECKPOINT_NAME, METRICS_NAME, CheckpointError, TrainConfig, train_centroids
+from .training import CHECKPOINT_NAME, METRICS_NAME, CheckpointError, TrainConfig, evaluate_loss, train_centroids
 
 _log = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -121,10 +122,24 @@ def train_focus(
             shard_model(model)
         # After sharding, so that k-means runs on the GPUs through the sharded model (it may fit on none alone).
         calibrate_centroids(model, calibration if calibration_rows else None)
+        reference = reference_evaluation(model, eval_data, config) if eval_data is not None else {}
         record = run_training(model, rows, TrainConfig.from_dict(train), Path(metrics), eval_data, progress)
         save_focus(model, adapter_dir, base_model=source)
-        record.update(focus_config=to_dict(config), trainable_parameters=focus_parameter_count(model))
+        record.update(focus_config=to_dict(config), trainable_parameters=focus_parameter_count(model),
+                      reference_eval=reference)
         return write_training_summary(summary, source, record, Path(metrics))
+
+
+def reference_evaluation(model: torch.nn.Module, eval_data: torch.Tensor, config: FocusConfig) -> dict[str, float]:
+    """Validation perplexity on the training job's own evaluation rows before any step: of the pretrained model (Focus
+    off, which a window covering the rows gives exactly) and of the k-means centroids, soft and hard; the lines and
+    starting points that the training curves are read against. Leaves the model in `config`'s mode."""
+    found = {}
+    for name, changes in (("pretrained", {"window": eval_data.shape[1]}), ("init_soft", {}), ("init_hard", {})):
+        set_focus_mode(model, "hard" if name == "init_hard" else "soft", **{"window": config.window, **changes})
+        found[name] = math.exp(evaluate_loss(model, eval_data, batch_size=2))
+    set_focus_mode(model, config.mode, window=config.window)
+    return found
 
 
 def train_full_finetune(
@@ -223,16 +238,18 @@ def evaluate_perplexity(
     trained: str | Path | None = None,
     labels: dict[str, str] | None = None,
     progress: bool = True,
+    split: str = "test",
 ) -> dict:
-    """Perplexity of one (model, method) on the test split of a `prepare_tokens` file, written to `output`.
+    """Perplexity of one (model, method) on one split (default test) of a `prepare_tokens` file, written to `output`.
 
     Args:
         method: "pretrained"; "full_finetune" (`trained` is the fine-tuned model folder); or "<variant>-soft" /
             "<variant>-hard" (`trained` is that variant's Focus adapter; hard is top-k routing).
         labels: extra fields for the record (the pipeline's short model name and the domain).
+        split: "test" (reported) or "validation" (what choices are made on).
     """
     model, _ = load_method(source, dtype, method, trained)
-    ids = read_tokens(tokens, "test")
+    ids = read_tokens(tokens, split)
     ids = ids[:max_tokens] if max_tokens else ids
     tic = time.perf_counter()
     result = perplexity(model, ids, context_length, stride or context_length, batch_size, progress=progress)
@@ -240,6 +257,7 @@ def evaluate_perplexity(
         **(labels or {}),
         "method": method,
         "source": source,
+        "split": split,
         "perplexity": result["ppl"],
         "nll": result["nll"],
         "tokens": result["tokens"],

@@ -82,7 +82,35 @@ def resolve_profile(config: dict[str, Any], schema: dict[str, Any]) -> dict[str,
         profile["interpret"] = _interpret_dict(config["interpret"], models)
     if config.get("scratch") is not None:
         profile["scratch"] = _scratch_dict(config["scratch"], config["data"]["domains"])
+    profile["perplexity"] = _perplexity_dict(config["perplexity"], config["data"]["domains"])
+    if config.get("study") is not None:
+        profile["study"] = _study_dict(config["study"], variants, models, profile["perplexity"])
     return profile
+
+
+def _perplexity_dict(section: dict[str, Any], domains: dict[str, list[str]]) -> dict[str, Any]:
+    """The `perplexity` section with `splits` (default [test]) and `validation_domains`: the domains scored on their
+    validation split too (those whose data lists one, when `splits` asks for validation)."""
+    resolved = {"splits": ["test"], **section}
+    wanted = "validation" in resolved["splits"]
+    resolved["validation_domains"] = [d for d in section["domains"] if wanted and "validation" in domains.get(d, [])]
+    return resolved
+
+
+def _study_dict(study: dict[str, Any], variants: dict[str, Any], models: dict[str, Any],
+                perplexity: dict[str, Any]) -> dict[str, Any]:
+    """The `study` section with its `model` (default the first) checked against the profile."""
+    study = {"model": next(iter(models)), **study}
+    if study["model"] not in models:
+        raise ConfigError(f"study.model: {study['model']!r} is not one of this profile's models {sorted(models)}")
+    if study["baseline"] not in variants:
+        raise ConfigError(f"study.baseline: {study['baseline']!r} is not one of the variants {sorted(variants)}")
+    if study["domain"] not in perplexity["validation_domains"]:
+        raise ConfigError(
+            f"study.domain: {study['domain']!r} must be a perplexity domain scored on its validation split "
+            "(list it in perplexity.domains, 'validation' in perplexity.splits and in data.domains)"
+        )
+    return study
 
 
 def _interpret_dict(section: dict[str, Any], models: dict[str, Any]) -> dict[str, Any]:
@@ -217,6 +245,9 @@ def _check_data(config: dict[str, Any]) -> None:
     if train.get("eval_rows", 0) > 0:
         needed.add((train["domain"], "validation"))
     needed |= {(domain, "test") for domain in config["perplexity"]["domains"]}
+    study = config.get("study")
+    if study is not None:
+        needed.add((study["domain"], "validation"))
     if config.get("interpret") is not None:  # held-out text of the training domain
         needed.add((train["domain"], "test"))
     for domain, split in sorted(needed):

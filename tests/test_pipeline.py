@@ -38,7 +38,8 @@ MINI = {
                       "eval_batch_size": 2},
         "full_finetune": {"lr": 3e-5, "checkpoint_every": 0},
     },
-    "perplexity": {"domains": ["books"], "context_length": 128, "max_tokens": 1024, "batch_size": 4},
+    "perplexity": {"domains": ["books"], "splits": ["validation", "test"], "context_length": 128, "max_tokens": 1024,
+                   "batch_size": 4},
     "benchmark": {"lengths": [256, 512], "settings": [[4, 32, 1], [4, 32, 2]], "repeats": 1, "model": "tiny-qwen2",
                   "prefill_lengths": [256], "prefill_settings": [[4, 32, 1]]},
     # The evaluation stages on the tiny model only (seconds each): a 1-cell LoRA grid, lm-eval on 3 documents per
@@ -49,6 +50,8 @@ MINI = {
     "long_context": {"models": ["tiny-qwen2"], "domain": "books", "context_lengths": [64, 128], "max_tokens": 512,
                      "needle": {"lengths": [96], "depths": [0.5], "trials": 2}},
     "interpret": {"models": ["tiny-qwen2"], "tokens": 256, "layers": [0, 1], "top_tokens": 3},
+    # The design study's table on the tiny model (its long context, needle and groups are measured above).
+    "study": {"model": "tiny-qwen2", "baseline": "focus", "domain": "books"},
 }
 
 
@@ -207,6 +210,19 @@ def test_minimal_run_writes_sane_artifacts(mini_run):
     claims = pd.read_csv(results / "tables" / "claims.csv")
     assert len(claims) == 8 and set(claims["verdict"]) <= {"holds", "does not hold", "not testable in this profile"}
 
+    study = pd.read_csv(results / "tables" / "study.csv").set_index("design")
+    assert list(study.index) == ["pretrained", "focus"]
+    assert study.loc["pretrained", "books_validation"] == pytest.approx(
+        json.loads((results / "perplexity" / "tiny-qwen2" / "pretrained" / "books.validation.json").read_text())["perplexity"])
+    for column in ("books_validation_soft", "books_validation_hard", "books_test_hard", "ctx128_hard", "needle_hard",
+                   "nmi_category", "nmi_position", "train_seconds"):
+        assert math.isfinite(study.loc["focus", column]), column
+    assert study.loc["focus", "books_validation_hard_vs_pretrained"] == pytest.approx(
+        study.loc["focus", "books_validation_hard"] / study.loc["pretrained", "books_validation"] - 1)
+    reference = json.loads((results / "train" / "tiny-qwen2" / "focus" / "summary.json").read_text())["reference_eval"]
+    assert set(reference) == {"pretrained", "init_soft", "init_hard"} and reference["pretrained"] > 1000  # random init
+    assert (results / "figures" / "study_curves.png").stat().st_size > 10_000
+
     executed = json.loads((results / "notebooks" / "results.ipynb").read_text())
     outputs = [out for cell in executed["cells"] if cell["cell_type"] == "code" for out in cell["outputs"]]
     assert not [out for out in outputs if out["output_type"] == "error"] and len(outputs) >= 5
@@ -223,11 +239,11 @@ def test_wandb_run_file_holds_every_table_and_figure(mini_run):
     assert run_file.is_relative_to(results / "wandb")
     media = wandb_file.logged_media(run_file)
     tables = ("perplexity", "training", "attention", "prefill", "benchmarks", "prompt_lengths", "truthfulqa", "lora",
-              "long_context", "claims")
+              "long_context", "study", "claims")
     # interpret/<model>/<variant>/ files are keyed by their stem while one model has them
     tables = (*tables, "group_layers")
     figures = ("loss_curves", "perplexity", "speedup", "benchmarks", "prompt_lengths", "truthfulqa", "long_context",
-               "group_categories", "group_categories_overview", "group_balance", "group_alignment")
+               "study_curves", "group_categories", "group_categories_overview", "group_balance", "group_alignment")
     assert media == {**{f"tables/{name}": "table-file" for name in tables},
                      **{f"figures/{name}": "image-file" for name in figures}}
     # One run per training job, mirroring its metrics.jsonl step for step.
@@ -255,9 +271,9 @@ def test_forcerun_rebuilds_only_the_rule_and_its_dependants(mini_run):
     workdir, results = mini_run
     config = str(workdir / "config.yaml")
     planned = job_counts(snakemake(workdir, "--configfile", config, "-n", "--forcerun", "train_focus").stdout)
-    assert planned == {"train_focus": 2, "perplexity": 2 * 2, "benchmarks": 2, "long_context_perplexity": 2 * 2,
-                       "needle": 2, "interpret": 1, "evaluation_tables": 1, "tables": 1, "claims": 1, "figures": 1,
-                       "wandb_report": 1,
+    assert planned == {"train_focus": 2, "perplexity": 2 * 2, "perplexity_validation": 2 * 2, "benchmarks": 2,
+                       "long_context_perplexity": 2 * 2, "needle": 2, "interpret": 1, "evaluation_tables": 1,
+                       "tables": 1, "study": 1, "claims": 1, "figures": 1, "wandb_report": 1,
                        "notebook": 1, "all": 1}  # not tokenize, the baselines (full, LoRA), or their evaluations
 
     files = [p for p in results.rglob("*") if p.is_file() and "wandb" not in p.parts]

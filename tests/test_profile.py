@@ -50,6 +50,18 @@ def test_evaluation_profile_resolves_the_lora_grid_and_the_methods_of_each_stage
     assert profile["long_context"]["methods"] == ["pretrained", "focus-soft", "focus-hard"]
 
 
+def test_study_profile_resolves_its_designs_and_the_splits_they_are_chosen_on():
+    profile = resolve_profile(yaml.safe_load((ROOT / "configs" / "study.yaml").read_text()), SCHEMA)
+    variants = profile["models"]["smollm2"]["variants"]
+    assert variants["key_routing"]["route_queries"] == "key" and variants["query"]["route_queries"] == "query"
+    assert variants["query_unrotated"]["unrotate"] and variants["query_neutral"]["gate"] == "neutral"
+    assert variants["query_w256"]["window"] == 256 and variants["query_t005"]["temperature"] == 0.05
+    assert profile["models"]["smollm2"]["centroids"]["steps"] == 300  # 10x the tiny profile's budget
+    assert profile["perplexity"]["validation_domains"] == ["books"]  # WikiText-2 has no validation split here
+    assert profile["study"] == {"model": "smollm2", "baseline": "key_routing", "domain": "books"}
+    assert resolve_profile(tiny(), SCHEMA)["perplexity"]["splits"] == ["test"]  # the default: test only
+
+
 def test_method_variant():
     assert method_variant("pretrained") is None and method_variant("full_finetune") is None
     assert method_variant("focus-hard") == ("focus", "hard")
@@ -91,6 +103,19 @@ BAD = {
     "no gpus": (lambda c: c["models"]["smollm2"].update(gpus=0), "models.smollm2.gpus: 0 is less than the minimum"),
     "no evaluation gpus": (lambda c: c["models"]["smollm2"].update(eval_gpus=0),
                            "models.smollm2.eval_gpus: 0 is less than the minimum"),
+    "study baseline that is no variant": (
+        lambda c: c.update(study={"baseline": "nope", "domain": "books"}) or c["perplexity"].update(
+            splits=["validation", "test"]),
+        "study.baseline: 'nope' is not one of the variants",
+    ),
+    "study on a domain scored on test only": (
+        lambda c: c.update(study={"baseline": "focus", "domain": "books"}),
+        "study.domain: 'books' must be a perplexity domain scored on its validation split",
+    ),
+    "study of an unknown model": (
+        lambda c: c.update(study={"model": "gpt9", "baseline": "focus", "domain": "books"}),
+        "study.model: 'gpt9' is not one of this profile's models",
+    ),
     "batch not shared equally by the gpus": (
         lambda c: c["models"]["smollm2"].update(gpus=3),
         "models.smollm2.centroids.batch_size (2) must be a multiple of models.smollm2.gpus (3)",

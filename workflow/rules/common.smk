@@ -24,6 +24,7 @@ MODELS = list(P["models"])
 DOMAINS = list(P["data"]["domains"])
 VARIANTS = list(P["variants"])
 EVAL_DOMAINS = P["perplexity"]["domains"]
+PPL_VALIDATION = P["perplexity"]["validation_domains"]  # also scored on their validation split
 LORA = P.get("lora") or {"models": [], "grid": {}}
 HARNESS = P.get("harness") or {"models": [], "methods": []}
 LONG = P.get("long_context") or {"models": [], "methods": []}
@@ -74,6 +75,13 @@ def train_metrics():
 
 def perplexity_files():
     return [f"{R}/perplexity/{m}/{method}/{d}.json" for m in MODELS for method in P["models"][m]["methods"] for d in EVAL_DOMAINS]
+
+
+def validation_perplexity_files():
+    return [
+        f"{R}/perplexity/{m}/{method}/{d}.validation.json"
+        for m in MODELS for method in P["models"][m]["methods"] for d in PPL_VALIDATION
+    ]
 
 
 def lora_summaries():
@@ -152,6 +160,10 @@ if HARNESS["models"]:
 if LONG["models"]:
     TABLES.update(long_context=f"{R}/tables/long_context.csv")
     FIGURES.update(long_context=f"{R}/figures/long_context.png")
+STUDY = P.get("study") or {}  # the design study (workflow/rules/study.smk)
+if STUDY:
+    TABLES.update(study=f"{R}/tables/study.csv")
+    FIGURES.update(study_curves=f"{R}/figures/study_curves.png")
 EVALUATION_TABLES = [name for name in ("benchmarks", "truthfulqa", "prompt_lengths", "lora", "long_context") if name in TABLES]
 TABLES.update(claims=f"{R}/tables/claims.csv")
 # The model the claims are judged on: the one the evaluation stages cover (SmolLM2 in the tiny profiles).

@@ -2,7 +2,8 @@ PPL = P["perplexity"]
 
 
 rule perplexity:
-    """Sliding-window perplexity of one (model, method) on one corpus's test split."""
+    """Sliding-window perplexity of one (model, method) on one corpus's test split (perplexity_validation: the
+    validation split, which choices are made on)."""
     conda:
         ENVIRONMENT
     input:
@@ -18,11 +19,27 @@ rule perplexity:
         stride=PPL.get("stride"),
         max_tokens=PPL.get("max_tokens"),
         batch_size=PPL.get("batch_size", 4),
+        split="test",
     threads: 1
     resources:
         gpu=model_eval_gpus,  # > 1: one process, the model's layers spread over them
     script:
         "../scripts/perplexity.py"
+
+
+use rule perplexity as perplexity_validation with:
+    output:
+        f"{R}/perplexity/{{model}}/{{method}}/{{domain}}.validation.json",
+    log:
+        f"{R}/logs/perplexity/{{model}}/{{method}}/{{domain}}.validation.log",
+    params:
+        source=model_source,
+        dtype=model_dtype,
+        context_length=PPL["context_length"],
+        stride=PPL.get("stride"),
+        max_tokens=PPL.get("max_tokens"),
+        batch_size=PPL.get("batch_size", 4),
+        split="validation",
 
 
 rule benchmarks:

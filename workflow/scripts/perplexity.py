@@ -1,4 +1,4 @@
-"""Rule perplexity: one (model, method, domain)."""
+"""Rules perplexity and perplexity_validation: one (model, method, domain) on the test or validation split."""
 
 from focus.experiments import evaluate_perplexity, start_job
 
@@ -15,4 +15,5 @@ evaluate_perplexity(
     batch_size=snakemake.params.batch_size,
     trained=snakemake.input.get("trained"),
     labels={"model": snakemake.wildcards.model, "domain": snakemake.wildcards.domain},
+    split=snakemake.params.split,
 )

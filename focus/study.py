@@ -1,0 +1,162 @@
+"""The design study's table and figure: every Focus variant of a profile side by side with the pretrained model.
+
+One row per design (and one for the pretrained model): what it changes, its wall time, perplexity on the
+validation split of the study domain (what the choice is made on), soft and hard, then the test splits (reported,
+never tuned on), long-context perplexity and pass-key accuracy in hard mode, and how its groups align with token
+category and with position (NMI). The figure shows validation perplexity during training against the pretrained
+model on the same rows.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from .files import write_text
+from .profile import PRETRAINED
+from .report import markdown_table, pyplot, save_figure
+
+
+def _records(paths: list[str | Path], model: str) -> list[dict]:
+    records = (json.loads(Path(path).read_text()) for path in paths)
+    return [record for record in records if record.get("model") == model]
+
+
+def _of_model(paths: list[str | Path], model: str) -> list[Path]:
+    """The <model>/<variant>/<file> paths of `model`."""
+    return [Path(path) for path in paths if Path(path).parent.parent.name == model]
+
+
+def _changes(overrides: dict) -> str:
+    return ", ".join(f"{key}={value}" for key, value in overrides.items()) or "(base)"
+
+
+def study_frame(
+    model: str,
+    variants: dict[str, dict],
+    domain: str,
+    summaries: list[str | Path],
+    validation: list[str | Path],
+    test: list[str | Path],
+    long_context: list[str | Path] = (),
+    needle: list[str | Path] = (),
+    interpret: list[str | Path] = (),
+) -> pd.DataFrame:
+    """One row per design plus the pretrained model (first).
+
+    Args:
+        model: the profile's name of the model studied; records of other models are left out.
+        variants: {variant: FocusConfig overrides as the profile writes them}.
+        domain: the study domain; `validation` holds its validation perplexity records, one per method.
+        summaries: train summary.json files (<model>/<variant>/summary.json).
+        test: test perplexity records of every method and domain; long_context, needle: their records;
+        interpret: interpret summary.json files (<model>/<variant>/summary.json).
+    """
+    rows = {PRETRAINED: {"design": PRETRAINED, "changes": "full attention, frozen"}}
+    for variant, overrides in variants.items():
+        rows[variant] = {"design": variant, "changes": _changes(overrides)}
+
+    def put(method: str, column: str, value) -> None:
+        name, _, mode = method.rpartition("-")
+        if method == PRETRAINED:
+            rows[PRETRAINED][column.replace("_{mode}", "")] = value
+        elif name in rows:
+            rows[name][column.format(mode=mode)] = value
+
+    for path in _of_model(summaries, model):
+        summary = json.loads(Path(path).read_text())
+        row = rows[Path(path).parent.name]
+        row["train_tokens"] = summary["final"].get("train/tokens")
+        row["train_seconds"] = summary["seconds"]
+    for record in _records(validation, model):
+        if record["domain"] == domain:
+            put(record["method"], f"{domain}_validation_{{mode}}", record["perplexity"])
+    for record in _records(test, model):
+        put(record["method"], f"{record['domain']}_test_{{mode}}", record["perplexity"])
+    for record in _records(long_context, model):
+        put(record["method"], f"ctx{record['context_length']}_{{mode}}", record["perplexity"])
+    for record in _records(needle, model):
+        put(record["method"], "needle_{mode}", record["accuracy"])
+    for path in _of_model(interpret, model):
+        alignment = json.loads(Path(path).read_text())["alignment"]
+        row = rows[Path(path).parent.name]
+        for label in ("category", "position"):
+            row[f"nmi_{label}"] = alignment[label]["nmi_mean"]
+    frame = pd.DataFrame(list(rows.values()))
+    pretrained = frame.loc[0, f"{domain}_validation"] if f"{domain}_validation" in frame else None
+    for mode in ("soft", "hard"):
+        column = f"{domain}_validation_{mode}"
+        if pretrained is not None and column in frame:
+            frame[f"{column}_vs_pretrained"] = frame[column] / pretrained - 1
+    return frame[_column_order(frame, domain)]
+
+
+def _column_order(frame: pd.DataFrame, domain: str) -> list[str]:
+    first = ["design", "changes", "train_tokens", "train_seconds", f"{domain}_validation", f"{domain}_validation_soft",
+             f"{domain}_validation_hard", f"{domain}_validation_soft_vs_pretrained",
+             f"{domain}_validation_hard_vs_pretrained"]
+    present = [c for c in first if c in frame]
+    tests = sorted(c for c in frame if "_test" in c)
+    contexts = sorted((c for c in frame if c.startswith("ctx")), key=lambda c: (int(c[3:].split("_")[0]), c))
+    rest = [c for c in frame if c not in present + tests + contexts]
+    return present + tests + contexts + rest
+
+
+def plot_study_curves(frame: pd.DataFrame, metrics: list[str | Path], summaries: list[str | Path], domain: str,
+                      figure: str | Path) -> None:
+    """Left: validation perplexity (soft, the training job's evaluation rows) per training step for every design,
+    starting at its k-means initialisation, with the pretrained model on the same rows as a line. Right: the
+    validation split's perplexity, soft and hard, per design against pretrained."""
+    plt = pyplot()
+    fig, (curves, bars) = plt.subplots(1, 2, figsize=(13, 4.5))
+    pretrained = None
+    for path, summary_path in zip(sorted(metrics, key=str), sorted(summaries, key=str)):
+        variant = Path(path).parent.name
+        reference = json.loads(Path(summary_path).read_text()).get("reference_eval", {})
+        pretrained = reference.get("pretrained", pretrained)
+        log = pd.DataFrame([json.loads(line) for line in Path(path).read_text().splitlines()])
+        evals = log.dropna(subset=["eval/ppl"]) if "eval/ppl" in log else log.iloc[:0]
+        steps = ([0] if "init_soft" in reference else []) + evals["step"].tolist()
+        values = ([reference["init_soft"]] if "init_soft" in reference else []) + evals["eval/ppl"].tolist()
+        curves.plot(steps, values, marker="o", markersize=3, label=variant)
+    if pretrained is not None:
+        curves.axhline(pretrained, color="black", linestyle="--", label="pretrained")
+    curves.set(title="validation perplexity while training (soft)", xlabel="step", ylabel="perplexity")
+    curves.legend(fontsize="small")
+
+    designs = frame[frame["design"] != PRETRAINED]
+    columns = [c for c in (f"{domain}_validation_soft", f"{domain}_validation_hard") if c in designs]
+    if columns:
+        designs.set_index("design")[columns].rename(columns=lambda c: c.rsplit("_", 1)[1]).plot.bar(ax=bars, rot=20)
+        base = frame.loc[frame["design"] == PRETRAINED, f"{domain}_validation"]
+        if len(base) and pd.notna(base.iloc[0]):
+            bars.axhline(base.iloc[0], color="black", linestyle="--", label="pretrained")
+            low = min(designs[columns].min().min(), base.iloc[0])
+            bars.set_ylim(low * 0.95, designs[columns].max().max() * 1.02)
+        bars.set(title=f"{domain} validation perplexity", xlabel="", ylabel="perplexity")
+        bars.legend(fontsize="small")
+    save_figure(fig, figure)
+
+
+def write_study(
+    model: str,
+    variants: dict[str, dict],
+    domain: str,
+    summaries: list[str | Path],
+    metrics: list[str | Path],
+    validation: list[str | Path],
+    test: list[str | Path],
+    table: str | Path,
+    figure: str | Path,
+    long_context: list[str | Path] = (),
+    needle: list[str | Path] = (),
+    interpret: list[str | Path] = (),
+) -> pd.DataFrame:
+    """Write tables/study.csv (and .md) and the curves figure (PNG and SVG); returns the table."""
+    frame = study_frame(model, variants, domain, summaries, validation, test, long_context, needle, interpret)
+    write_text(table, frame.to_csv(index=False))
+    write_text(Path(table).with_suffix(".md"), markdown_table(frame, ".4g") + "\n")
+    plot_study_curves(frame, _of_model(metrics, model), _of_model(summaries, model), domain, figure)
+    return frame

@@ -1,0 +1,20 @@
+"""Rule study: the design study's table and figure."""
+
+from focus.experiments import start_job
+from focus.study import write_study
+
+start_job(snakemake.log[0], snakemake.threads)
+write_study(
+    model=snakemake.params.model,
+    variants=snakemake.params.variants,
+    domain=snakemake.params.domain,
+    summaries=snakemake.input.summaries,
+    metrics=snakemake.input.metrics,
+    validation=snakemake.input.validation,
+    test=snakemake.input.test,
+    long_context=snakemake.input.long_context,
+    needle=snakemake.input.needle,
+    interpret=snakemake.input.interpret,
+    table=snakemake.output.table,
+    figure=snakemake.output.figure,
+)
