@@ -135,11 +135,14 @@ def focus_attention(
         bias, allowed = soft_bias(log_p_q, log_p, config.window, base_mask, config.gate_floor, sinks, config.gate)
     else:
         groups = top_k_groups(log_p, config.top_k)
-        if config.route_queries == "key" and _decomposable(query, key, softcap, dropout, kwargs.get("sliding_window")):
-            out = decomposed_hard_attention(query, key, value, groups, config.window, valid, sinks, scaling)
+        query_groups = top_k_groups(log_p_q, config.top_k) if config.route_queries == "query" else None
+        if _decomposable(query, key, softcap, dropout, kwargs.get("sliding_window")):
+            out = decomposed_hard_attention(query, key, value, groups, config.window, valid, sinks, scaling,
+                                            query_groups=query_groups)
             return out.transpose(1, 2).contiguous(), None
         allowed = hard_allowed(
-            top_k_groups(log_p_q, config.top_k), groups, config.num_groups, config.window, base_mask, sinks
+            groups[:, :, k_len - q_len :] if query_groups is None else query_groups, groups, config.num_groups,
+            config.window, base_mask, sinks,
         )
         bias = None
     if softcap is not None:  # SDPA has no soft-capping: use the explicit path (Gemma 2)

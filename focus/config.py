@@ -168,6 +168,9 @@ class FocusConfig:
             raise ConfigError(f"FocusConfig.balance_momentum must be in [0, 1), got {self.balance_momentum}")
         if not self.temperature > 0:
             raise ConfigError(f"FocusConfig.temperature must be > 0, got {self.temperature}")
+        if self.route_queries == "query" and self.window < 1:
+            # A query's groups need not include its own key's: without a window it could see no key at all.
+            raise ConfigError(f"FocusConfig.route_queries='query' needs window >= 1, got {self.window}")
         if self.route_queries == "query" and self.route_on != "key":
             raise ConfigError(
                 f"FocusConfig.route_queries='query' needs route_on='key' (queries live in key space), got {self.route_on!r}"

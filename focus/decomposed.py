@@ -15,6 +15,13 @@ the two share a group (sink keys share every group). It is computed as two parts
 Every allowed pair is counted exactly once, so merging both parts' (output, log-sum-exp) gives the dense
 masked reference. Forward only: hard mode is for inference (training uses the soft pattern).
 
+**Query-side routing** (`query_groups`: each query head has groups of its own, a key its key's groups): a pair is kept
+when the query's groups meet the key's. Every query head then runs as a key/value head of its own (keys repeated),
+and a segment of subset T is the position-sorted union of the queries holding T and the keys holding T: one causal
+call still sees every pair (i, j <= i) of it, and a row that is only a query is never attended to because its key
+gets an extra head dimension that puts its logit at -1e4 / scale below everything (exp(-1e4) is 0 in float32) while
+queries get a 1 there. Still standard causal kernels, no mask; the cost is the union's length instead of the keys'.
+
 Backends for the group part: "flash" (flash-attn `flash_attn_varlen_func`, all segments in one call; CUDA)
 and "torch" (one `_scaled_dot_product_flash_attention_for_cpu`-style call per segment: PyTorch's fused causal
 kernel that also returns the log-sum-exp). `select_backend` picks once; `force_backend` overrides for tests.
@@ -77,6 +84,7 @@ def decomposed_hard_attention(
     scaling: float | None = None,
     backend: str | None = None,
     block: int = 64,
+    query_groups: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Hard Focus attention of a full sequence (queries = keys, causal), decomposed.
 
@@ -89,11 +97,17 @@ def decomposed_hard_attention(
         scaling: softmax scale (default D ** -0.5).
         backend: "flash" or "torch"; default `select_backend`.
         block: query block length of the local part.
+        query_groups: (B, H, L, k) long, each query head's own groups (`route_queries="query"`); None: a query
+            takes its token's key groups, `groups`.
 
     Returns:
         (B, H, L, D) in the dtype of `query`; rows of padding queries are zero.
     """
     b, h, length, d = query.shape
+    if query_groups is not None:
+        # Each query head has a pattern of its own: run it as a key/value head of its own, keys repeated.
+        repeat = h // key.shape[1]
+        key, value, groups = (t.repeat_interleave(repeat, dim=1) for t in (key, value, groups))
     k_heads = key.shape[1]
     r = h // k_heads
     scaling = d**-0.5 if scaling is None else scaling
@@ -102,10 +116,11 @@ def decomposed_hard_attention(
         valid = torch.ones(b, length, dtype=torch.bool, device=query.device)
     sinks = torch.zeros_like(valid) if sinks is None else sinks.expand(b, length) & valid
     groups, _ = groups.sort(dim=-1)  # subsets are keyed by their sorted members
+    groups_q = groups if query_groups is None else query_groups.sort(dim=-1)[0]
 
     q = query.view(b, k_heads, r, length, d)  # (B, K, R, L, D)
-    local_out, local_lse = _local_part(q, key, value, groups, window, valid, sinks, scaling, block)
-    entries = _group_entries(groups, valid, sinks)
+    local_out, local_lse = _local_part(q, key, value, groups_q, groups, window, valid, sinks, scaling, block)
+    entries = _group_entries(groups_q, groups, valid, sinks)
     seg_out, seg_lse = _group_part(q, key, value, entries, scaling, backend)
     out = _merge(local_out, local_lse, seg_out, seg_lse, entries, valid)  # (B, K, R, L, D)
     return out.reshape(b, h, length, d).to(query.dtype)
@@ -120,52 +135,93 @@ class _Entries(NamedTuple):
     head: torch.Tensor  # (N,) batch * K + key/value head
     position: torch.Tensor  # (N,) token position
     sign: torch.Tensor  # (N,) +1 or -1: the inclusion-exclusion sign of the row's subset
-    member: torch.Tensor  # (N,) bool: the row's query output is merged (False: a sink added as a key only)
+    member: torch.Tensor  # (N,) bool: the row is a query of the segment, its output merged
+    is_key: torch.Tensor  # (N,) bool: the row is a key of the segment (False: a query only, never attended to)
     lengths: list[int]  # segment lengths, in row order
 
 
-def _group_entries(groups: torch.Tensor, valid: torch.Tensor, sinks: torch.Tensor) -> _Entries:
-    b, k_heads, length, top_k = groups.shape
-    device = groups.device
-    base = int(groups.max().item()) + 2 if groups.numel() else 2
-    code_span = base**top_k
-    # Every non-empty subset of a token's k groups, as (code, sign). A code is the base-(G+1) number of the
-    # subset's sorted members plus one, so equal subsets of different tokens get equal codes.
+def _subset_codes(groups: torch.Tensor, base: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every non-empty subset of each token's k groups as a code, with its inclusion-exclusion sign: (B, K, L, S) each.
+
+    A code is the base-(G+1) number of the subset's sorted members plus one, so equal subsets of different tokens (or
+    of a query and a key) get equal codes.
+    """
+    top_k = groups.shape[-1]
     subsets = [c for size in range(1, top_k + 1) for c in itertools.combinations(range(top_k), size)]
     codes = []
     for members in subsets:
-        code = torch.zeros(b, k_heads, length, dtype=torch.long, device=device)
+        code = torch.zeros(groups.shape[:-1], dtype=torch.long, device=groups.device)
         for slot in members:
             code = code * base + groups[..., slot] + 1
         codes.append(code)
-    code = torch.stack(codes, dim=-1)  # (B, K, L, S)
-    sign = torch.tensor([1 if len(m) % 2 else -1 for m in subsets], device=device).expand_as(code)
-    head = torch.arange(b * k_heads, device=device).view(b, k_heads, 1, 1).expand_as(code)
-    position = torch.arange(length, device=device).view(1, 1, length, 1).expand_as(code)
-    keep = valid[:, None, :, None].expand_as(code)
-    head, position, code, sign = head[keep], position[keep], code[keep], sign[keep]
-    member = torch.ones_like(head, dtype=torch.bool)
+    code = torch.stack(codes, dim=-1)
+    sign = torch.tensor([1 if len(m) % 2 else -1 for m in subsets], device=groups.device).expand_as(code)
+    return code, sign
+
+
+def _group_entries(groups_q: torch.Tensor, groups_k: torch.Tensor, valid: torch.Tensor, sinks: torch.Tensor) -> _Entries:
+    b, k_heads, length, top_k = groups_k.shape
+    device = groups_k.device
+    highest = max(int(groups_k.max()), int(groups_q.max())) if groups_k.numel() else 0
+    base = highest + 2
+    code_span = base**top_k
+    head = torch.arange(b * k_heads, device=device).view(b, k_heads, 1, 1)
+    position = torch.arange(length, device=device).view(1, 1, length, 1)
+    keep = valid[:, None, :, None]
+
+    def rows(groups, is_query, is_key):
+        code, sign = _subset_codes(groups, base)
+        mask = keep.expand_as(code)
+        count = int(mask.sum())
+        return (head.expand_as(code)[mask], code[mask], position.expand_as(code)[mask], sign[mask],
+                torch.full((count,), is_query, device=device), torch.full((count,), is_key, device=device))
+
+    if groups_q is groups_k:  # one group set per token: every row is a query and a key of its segment
+        parts = [rows(groups_k, True, True)]
+    else:
+        parts = [rows(groups_q, True, False), rows(groups_k, False, True)]
+    head, code, position, sign, member, is_key = (torch.cat(column) for column in zip(*parts))
 
     if sinks.any():
-        # Sink keys join, as keys only, every segment of their sequence they are not already members of.
+        # Sink keys join, as keys, every segment of their sequence.
         segment = torch.unique(head * code_span + code)  # (S,) one key per (head, subset) present
         seg_head, seg_code = segment // code_span, segment % code_span
         sink_b, sink_pos = sinks.nonzero(as_tuple=True)
         pair_seg, pair_sink = (seg_head[:, None] // k_heads == sink_b[None, :]).nonzero(as_tuple=True)
-        extra_head, extra_code, extra_pos = seg_head[pair_seg], seg_code[pair_seg], sink_pos[pair_sink]
-        early = position <= sink_pos.max()  # only rows this early can be a sink's own rows
-        own = torch.isin(_row_keys(extra_head, extra_code, extra_pos, code_span, length),
-                         _row_keys(head[early], code[early], position[early], code_span, length))
-        extra_head, extra_code, extra_pos = extra_head[~own], extra_code[~own], extra_pos[~own]
-        head, code, position = torch.cat([head, extra_head]), torch.cat([code, extra_code]), torch.cat([position, extra_pos])
-        sign = torch.cat([sign, torch.ones_like(extra_head)])  # never used: key-only rows are not merged
-        member = torch.cat([member, torch.zeros_like(extra_head, dtype=torch.bool)])
+        count = pair_seg.numel()
+        head, code = torch.cat([head, seg_head[pair_seg]]), torch.cat([code, seg_code[pair_seg]])
+        position = torch.cat([position, sink_pos[pair_sink]])
+        sign = torch.cat([sign, _code_sign(seg_code[pair_seg], base)])
+        member = torch.cat([member, torch.zeros(count, dtype=torch.bool, device=device)])
+        is_key = torch.cat([is_key, torch.ones(count, dtype=torch.bool, device=device)])
 
+    # One row per (head, subset, position): a token that is a query and a key of a segment (or a sink that is
+    # also a member) is one row with both roles.
     keys = _row_keys(head, code, position, code_span, length)
-    order = torch.argsort(keys)
-    head, position, sign, member = head[order], position[order], sign[order], member[order]
-    _, lengths = torch.unique_consecutive(keys[order] // length, return_counts=True)  # one run per segment
-    return _Entries(head, position, sign, member, lengths.tolist())
+    unique, inverse = torch.unique(keys, return_inverse=True)
+    member = torch.zeros(unique.numel(), dtype=torch.long, device=device).index_add_(0, inverse, member.long()) > 0
+    is_key = torch.zeros(unique.numel(), dtype=torch.long, device=device).index_add_(0, inverse, is_key.long()) > 0
+    sign = torch.zeros(unique.numel(), dtype=sign.dtype, device=device).scatter_(0, inverse, sign)  # one per subset
+    segment = unique // length
+    # A segment without a query merges nothing and one without a key attends to nothing: drop both.
+    _, seg_index, sizes = torch.unique_consecutive(segment, return_inverse=True, return_counts=True)
+    has = torch.zeros(sizes.numel(), 2, dtype=torch.long, device=device)
+    has.index_add_(0, seg_index, torch.stack([member, is_key], dim=1).long())
+    useful = (has > 0).all(dim=1)[seg_index]
+    unique, member, is_key, sign, segment = unique[useful], member[useful], is_key[useful], sign[useful], segment[useful]
+    _, lengths = torch.unique_consecutive(segment, return_counts=True)
+    head, position = unique // length // code_span, unique % length
+    return _Entries(head, position, sign, member, is_key, lengths.tolist())
+
+
+def _code_sign(code: torch.Tensor, base: int) -> torch.Tensor:
+    """The inclusion-exclusion sign of subsets given by code: + for an odd number of members, - for an even one."""
+    size = torch.zeros_like(code)
+    rest = code.clone()
+    while bool((rest > 0).any()):
+        size += (rest > 0).long()
+        rest = rest // base
+    return torch.where(size % 2 == 1, 1, -1)
 
 
 def _row_keys(head, code, position, code_span: int, length: int):
@@ -180,9 +236,31 @@ def _group_part(q, key, value, entries: _Entries, scaling: float, backend: str):
     packed_q = q[batch_of, head_of, :, entries.position]  # (N, R, D)
     packed_k = key[batch_of, head_of, entries.position]  # (N, D)
     packed_v = value[batch_of, head_of, entries.position]  # (N, D)
+    if not bool(entries.is_key.all()):
+        packed_q, packed_k, packed_v = _hide_query_only_rows(packed_q, packed_k, packed_v, entries.is_key, scaling,
+                                                             backend)
     if backend == "flash":
-        return _segments_flash(packed_q, packed_k, packed_v, entries.lengths, scaling)
-    return _segments_torch(packed_q, packed_k, packed_v, entries.lengths, scaling)
+        out, lse = _segments_flash(packed_q, packed_k, packed_v, entries.lengths, scaling)
+    else:
+        out, lse = _segments_torch(packed_q, packed_k, packed_v, entries.lengths, scaling)
+    return out[..., :d], lse
+
+
+def _hide_query_only_rows(packed_q, packed_k, packed_v, is_key, scaling: float, backend: str):
+    """Extra head dimensions so that a row that is not a key gets logit -1e4 from every query (exactly, whatever the
+    query: its key is zero elsewhere) and a key row gets 0 there: q' = [q, 1], k' = [k, 0] or [0, -1e4 / scale].
+    Values get a zero column to match (flash-attn: padded to a multiple of 8 dimensions)."""
+    n, r, d = packed_q.shape
+    extra = 8 - d % 8 if backend == "flash" else 1
+    flag = torch.zeros(n, extra, dtype=packed_q.dtype, device=packed_q.device)
+    query_flag = flag.clone()
+    query_flag[:, 0] = 1
+    key_flag = flag.clone()
+    key_flag[:, 0] = torch.where(is_key, 0.0, -1e4 / scaling)
+    packed_q = torch.cat([packed_q, query_flag[:, None].expand(n, r, extra)], dim=-1)
+    packed_k = torch.cat([packed_k * is_key[:, None].to(packed_k.dtype), key_flag], dim=-1)
+    packed_v = torch.cat([packed_v * is_key[:, None].to(packed_v.dtype), flag], dim=-1)
+    return packed_q, packed_k, packed_v
 
 
 def _segments_torch(packed_q, packed_k, packed_v, lengths: list[int], scaling: float, fill: float = 0.8):
@@ -251,9 +329,9 @@ def _segments_flash(packed_q, packed_k, packed_v, lengths: list[int], scaling: f
 # ---- local part ------------------------------------------------------------------------------------------------
 
 
-def _local_part(q, key, value, groups, window, valid, sinks, scaling, block, blocks_per_call: int = 32):
-    """Pairs with 0 <= i - j < window that share no group, j not a sink: outputs (B, K, R, L, D) fp32 and
-    log-sum-exp (B, K, R, L) (-inf where a query has no such pair).
+def _local_part(q, key, value, groups_q, groups, window, valid, sinks, scaling, block, blocks_per_call: int = 32):
+    """Pairs with 0 <= i - j < window that share no group (the query's `groups_q`, the key's `groups`), j not a sink:
+    outputs (B, K, R, L, D) fp32 and log-sum-exp (B, K, R, L) (-inf where a query has no such pair).
 
     Queries go in blocks of `block`; each block sees the `block + window - 1` keys it can reach, with the band
     and group exclusions as an additive mask (cheap: the band is thin). Many blocks share one fused kernel call
@@ -268,12 +346,13 @@ def _local_part(q, key, value, groups, window, valid, sinks, scaling, block, blo
     k_blocks = F.pad(key, (0, 0, pad, tail)).unfold(2, span, block).transpose(-1, -2)  # (B, K, n, span, D)
     v_blocks = F.pad(value, (0, 0, pad, tail)).unfold(2, span, block).transpose(-1, -2)
     g_keys = F.pad(groups, (0, 0, pad, tail), value=-1).unfold(2, span, block).transpose(-1, -2)  # (B,K,n,span,k)
-    g_queries = F.pad(groups, (0, 0, 0, tail), value=-2).view(b, k_heads, n_blocks, block, -1)
+    g_queries = F.pad(groups_q, (0, 0, 0, tail), value=-2).view(b, k_heads, n_blocks, block, -1)
     keyable = F.pad(valid & ~sinks, (pad, tail), value=False).unfold(1, span, block)  # (B, n, span)
     members_q = members_k = None
-    if groups.shape[-1] > 1 and int(groups.max()) < 63:
+    if groups.shape[-1] > 1 and max(int(groups.max()), int(groups_q.max())) < 63:
         bits = (1 << groups.clamp_min(0)).sum(dim=-1)  # (B, K, L) int64: bit g set for each group g of the token
-        members_q = F.pad(bits, (0, tail)).view(b, k_heads, n_blocks, block)
+        bits_q = bits if groups_q is groups else (1 << groups_q.clamp_min(0)).sum(dim=-1)
+        members_q = F.pad(bits_q, (0, tail)).view(b, k_heads, n_blocks, block)
         members_k = F.pad(bits, (pad, tail)).unfold(2, span, block)  # (B, K, n, span); padding: no bits
     distance = torch.arange(block, device=q.device)[:, None] + pad - torch.arange(span, device=q.device)[None, :]
     band = (distance >= 0) & (distance < window)  # (block, span): i - j in [0, window)

@@ -74,7 +74,7 @@ CASES = [
     ("hard", 2, 9, 4, 1, (3, 0), "value", True, 4, "key"),
     ("hard", 4, 3, 4, 2, (0, 2), "key", False, 1, "key"),  # top_k == num_groups: every pair shares a group
     ("hard", 2, 5, 6, 2, (0, 7), "key", False, 1, "query"),
-    ("hard", 1, 0, 3, 3, (), "key", True, 0, "query"),
+    ("hard", 1, 1, 3, 3, (), "key", True, 0, "query"),
 ]
 
 

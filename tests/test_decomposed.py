@@ -21,10 +21,10 @@ def random_groups(b, k_heads, length, num_groups, top_k, generator, empty=()):
     return usable[scores.topk(top_k, dim=-1).indices]
 
 
-def reference(query, key, value, groups, num_groups, window, valid, sinks, scaling=None):
+def reference(query, key, value, groups, num_groups, window, valid, sinks, scaling=None, query_groups=None):
     length = query.shape[-2]
     base = causal_pairs(length, length)[None, None] & valid[:, None, None, :]
-    allowed = hard_allowed(groups, groups, num_groups, window, base, sinks)
+    allowed = hard_allowed(groups if query_groups is None else query_groups, groups, num_groups, window, base, sinks)
     return dense_attention(query, key, value, allowed, None, scaling)
 
 
@@ -69,6 +69,37 @@ def test_matches_the_dense_reference(case, backend, one_thread):
     rows = valid[:, None, :, None].expand_as(got)
     torch.testing.assert_close(got[rows], expected[rows], atol=2e-6, rtol=1e-5)
     assert (got[~rows] == 0).all()
+
+
+@pytest.mark.parametrize("backend", available_backends("cpu"))
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_query_routed_pattern_matches_the_dense_reference(case, backend, one_thread):
+    """Each query head with groups of its own (route_queries="query"): segments hold queries and keys that differ."""
+    spec = dict(CASES[case])
+    window, sink_tokens = spec.pop("window"), spec.pop("sink_tokens")
+    pad, empty = spec.pop("pad", 0), spec.pop("empty", ())
+    query, key, value, groups, valid = inputs(**spec, pad=pad, empty=empty)
+    gen = torch.Generator().manual_seed(11)
+    query_groups = random_groups(spec["b"], spec["h"], spec["length"], spec["num_groups"], spec["top_k"], gen, empty)
+    sinks = sink_keys(valid, valid.shape[1], sink_tokens) if sink_tokens else None
+    expected = reference(query, key, value, groups, spec["num_groups"], window, valid, sinks, query_groups=query_groups)
+    got = decomposed_hard_attention(query, key, value, groups, window, valid, sinks, backend=backend, block=16,
+                                    query_groups=query_groups)
+    rows = valid[:, None, :, None].expand_as(got)
+    torch.testing.assert_close(got[rows], expected[rows], atol=2e-6, rtol=1e-5)
+    assert (got[~rows] == 0).all()
+
+
+def test_query_routed_bfloat16_error_within_twice_the_reference_error(one_thread):
+    spec = dict(b=1, h=4, k_heads=2, length=200, d=32, num_groups=4, top_k=2)
+    query, key, value, groups, valid = inputs(**spec, seed=6)
+    query_groups = random_groups(1, 4, 200, 4, 2, torch.Generator().manual_seed(7))
+    sinks = sink_keys(valid, 200, 1)
+    exact = reference(query, key, value, groups, 4, 12, valid, sinks, query_groups=query_groups)
+    low = [t.bfloat16() for t in (query, key, value)]
+    ref_error = (reference(*low, groups, 4, 12, valid, sinks, query_groups=query_groups).float() - exact).abs().max()
+    ours = decomposed_hard_attention(*low, groups, 12, valid, sinks, query_groups=query_groups)
+    assert (ours.float() - exact).abs().max() <= 2 * ref_error
 
 
 def test_block_size_does_not_matter(one_thread):
@@ -116,8 +147,9 @@ def test_pair_counts_and_theoretical_ratio():
 FAMILY_LENGTH = 40
 
 
+@pytest.mark.parametrize("route_queries", ["key", "query"])
 @pytest.mark.parametrize("family", ["gpt2", "llama", "mistral", "qwen2", "gemma2", "gemma3"])
-def test_hard_focus_model_logits_equal_the_dense_path(family, monkeypatch, one_thread):
+def test_hard_focus_model_logits_equal_the_dense_path(family, route_queries, monkeypatch, one_thread):
     """Whole-sequence forwards go through the decomposition; its logits equal the dense masked path's, with left
     padding, for every family (Mistral's and Gemma's own sliding windows and Gemma 2's soft-capping take the dense
     path by design: the decomposition is only used where the model mask is causal plus padding)."""
@@ -130,7 +162,8 @@ def test_hard_focus_model_logits_equal_the_dense_path(family, monkeypatch, one_t
     ids = torch.randint(3, model.config.vocab_size, (2, FAMILY_LENGTH), generator=gen)
     mask = torch.ones_like(ids)
     mask[1, :6] = 0
-    apply_focus(model, FocusConfig(window=4, num_groups=4, top_k=2, mode="hard"), calibration_ids=ids)
+    apply_focus(model, FocusConfig(window=4, num_groups=4, top_k=2, mode="hard", route_queries=route_queries),
+                calibration_ids=ids)
     calls = []
     original = focus_attention_module.decomposed_hard_attention
     monkeypatch.setattr(focus_attention_module, "decomposed_hard_attention",
@@ -145,14 +178,16 @@ def test_hard_focus_model_logits_equal_the_dense_path(family, monkeypatch, one_t
     assert len(calls) == expected_calls  # layers that decomposed
 
 
-def test_generate_after_a_decomposed_prefill_matches_the_dense_path(monkeypatch, one_thread):
+@pytest.mark.parametrize("route_queries", ["key", "query"])
+def test_generate_after_a_decomposed_prefill_matches_the_dense_path(route_queries, monkeypatch, one_thread):
     from focus import FocusConfig, apply_focus
     from focus import attention as focus_attention_module
     from focus.models import tiny_model
 
     model = tiny_model("llama", seed=0)
     ids = torch.randint(3, model.config.vocab_size, (1, 30), generator=torch.Generator().manual_seed(2))
-    apply_focus(model, FocusConfig(window=4, num_groups=4, top_k=2, mode="hard"), calibration_ids=ids)
+    apply_focus(model, FocusConfig(window=4, num_groups=4, top_k=2, mode="hard", route_queries=route_queries),
+                calibration_ids=ids)
     settings = dict(max_new_tokens=12, do_sample=False)
     fast = model.generate(ids, **settings)
     monkeypatch.setattr(focus_attention_module, "DECOMPOSE_HARD_PREFILL", False)

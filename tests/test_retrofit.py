@@ -251,3 +251,9 @@ def test_bad_input_gets_one_clear_error():
         FocusConfig(num_groups=0)
     with pytest.raises(ConfigError, match="window must be >= 0"):
         FocusConfig(window=-1)
+    with pytest.raises(ConfigError, match="route_queries='query' needs window >= 1"):
+        FocusConfig(window=0, route_queries="query")
+    with pytest.raises(ConfigError, match="unrotate needs route_on='key'"):
+        FocusConfig(route_on="value", unrotate=True)
+    with pytest.raises(ConfigError, match="gate must be one of"):
+        FocusConfig(gate="sigmoid")
