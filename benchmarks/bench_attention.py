@@ -20,6 +20,8 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192, 16384, 32768, 65536])
     parser.add_argument("--settings", nargs="+", default=["16:256:1", "16:256:2", "32:512:1"],
                         help="groups:window:top_k per Focus setting")
+    parser.add_argument("--routings", nargs="+", default=["key", "query"], choices=["key", "query"],
+                        help="query routings timed (FocusConfig.route_queries)")
     parser.add_argument("--heads", type=int, default=1)
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -38,7 +40,7 @@ def main() -> None:
     settings = {
         "lengths": args.lengths, "settings": parse(args.settings), "heads": args.heads, "head_dim": args.head_dim,
         "dtype": args.dtype, "repeats": args.repeats, "prefill_lengths": args.prefill_lengths,
-        "prefill_settings": parse(args.prefill_settings),
+        "prefill_settings": parse(args.prefill_settings), "routings": args.routings,
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

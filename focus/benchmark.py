@@ -7,6 +7,7 @@ theoretical limit. `prefill_rows` times a model's whole-prompt forward, unmodifi
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import threading
 import time
@@ -50,9 +51,13 @@ def attention_rows(
     repeats: int = 3,
     sink_tokens: int = 1,
     progress: Callable[[str], None] = print,
+    routings: tuple[str, ...] = ("key",),
 ) -> list[dict]:
-    """One row per (length, (groups, window, top_k)): medians of full causal SDPA, flash-attn (CUDA, if
-    installed) and the Focus decomposition, the measured and theoretical (pair-count) ratios, peak memory."""
+    """One row per (length, (groups, window, top_k), routing): medians of full causal SDPA, flash-attn (CUDA, if
+    installed) and the Focus decomposition, the measured and theoretical (pair-count) ratios, peak memory.
+
+    routings: "key" (a query takes its token's groups) and/or "query" (every query its own groups, drawn
+    independently: `route_queries="query"`)."""
     device = torch.device(device)
     rows = []
     for length in lengths:
@@ -61,23 +66,27 @@ def attention_rows(
         full_s, full_mem = median_seconds(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), repeats,
                                           device)
         flash_s = _flash_seconds(q, k, v, repeats, device)
-        for num_groups, window, top_k in settings:
+        for (num_groups, window, top_k), routing in itertools.product(settings, routings):
             groups = balanced_groups(length, num_groups, top_k, heads).to(device)
+            query_groups = balanced_groups(length, num_groups, top_k, heads, seed=1).to(device) if routing == "query" else None
             sinks = sink_keys(None, length, sink_tokens, device) if sink_tokens else None
             focus_s, focus_mem = median_seconds(
-                lambda: decomposed_hard_attention(q, k, v, groups, window, None, sinks), repeats, device
+                lambda: decomposed_hard_attention(q, k, v, groups, window, None, sinks, query_groups=query_groups),
+                repeats, device,
             )
-            full_pairs, focus_pairs = pair_counts(length, window, groups[0, 0].cpu(), sink_tokens)
+            full_pairs, focus_pairs = pair_counts(length, window, groups[0, 0].cpu(), sink_tokens,
+                                                  None if query_groups is None else query_groups[0, 0].cpu())
             row = {
                 "length": length, "heads": heads, "head_dim": head_dim, "dtype": str(dtype).removeprefix("torch."),
-                "groups": num_groups, "window": window, "top_k": top_k, "backend": select_backend(device),
+                "groups": num_groups, "window": window, "top_k": top_k, "routing": routing,
+                "backend": select_backend(device),
                 "full_sdpa_s": full_s, "flash_attn_s": flash_s, "focus_s": focus_s,
                 "speedup": full_s / focus_s, "theoretical": full_pairs / focus_pairs,
                 "full_peak_gib": full_mem, "focus_peak_gib": focus_mem,
             }
             row["of_theoretical"] = row["speedup"] / row["theoretical"]
             rows.append(row)
-            progress(f"L={length:>7} G={num_groups} w={window} k={top_k}: full {full_s:.3f}s focus {focus_s:.3f}s "
+            progress(f"L={length:>7} G={num_groups} w={window} k={top_k} {routing}: full {full_s:.3f}s focus {focus_s:.3f}s "
                      f"-> {row['speedup']:.2f}x (pairs {row['theoretical']:.2f}x)")
     return rows
 
@@ -88,10 +97,11 @@ def prefill_rows(
     lengths: list[int],
     repeats: int = 2,
     progress: Callable[[str], None] = print,
+    routings: tuple[str, ...] = ("key",),
 ) -> list[dict]:
     """Whole-prompt forward of `model` (random token ids, no KV cache, logits of the last token only):
-    unmodified against Focus hard top-k for each (groups, window, top_k). Focus is applied with random-token
-    k-means centroids (speed does not depend on training) and removed again afterwards."""
+    unmodified against Focus hard top-k for each (groups, window, top_k) and routing (`route_queries`). Focus is
+    applied with random-token k-means centroids (speed does not depend on training) and removed again afterwards."""
     from .config import FocusConfig
     from .retrofit import apply_focus, remove_focus
 
@@ -106,18 +116,18 @@ def prefill_rows(
                 return model(input_ids=ids, use_cache=False, logits_to_keep=1)
 
         base_s, base_mem = median_seconds(forward, repeats, device)
-        for num_groups, window, top_k in focus_settings:
-            apply_focus(model, FocusConfig(num_groups=num_groups, window=window, top_k=top_k, mode="hard"),
-                        calibration_ids=ids[:, :512])
+        for (num_groups, window, top_k), routing in itertools.product(focus_settings, routings):
+            config = FocusConfig(num_groups=num_groups, window=window, top_k=top_k, mode="hard", route_queries=routing)
+            apply_focus(model, config, calibration_ids=ids[:, :512])
             try:
                 focus_s, focus_mem = median_seconds(forward, repeats, device)
             finally:
                 remove_focus(model)
-            rows.append({"length": length, "groups": num_groups, "window": window, "top_k": top_k,
+            rows.append({"length": length, "groups": num_groups, "window": window, "top_k": top_k, "routing": routing,
                          "unmodified_s": base_s, "focus_s": focus_s, "speedup": base_s / focus_s,
                          "unmodified_peak_gib": base_mem, "focus_peak_gib": focus_mem})
-            progress(f"prefill L={length}: unmodified {base_s:.2f}s focus(G={num_groups} w={window} k={top_k}) "
-                     f"{focus_s:.2f}s -> {base_s / focus_s:.2f}x")
+            progress(f"prefill L={length}: unmodified {base_s:.2f}s focus(G={num_groups} w={window} k={top_k} "
+                     f"{routing}) {focus_s:.2f}s -> {base_s / focus_s:.2f}x")
     return rows
 
 
@@ -189,15 +199,17 @@ def run_benchmark(
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = getattr(torch, settings.get("dtype", "float32"))
+    routings = tuple(settings.get("routings", ["key", "query"]))
     attention = attention_rows(
         settings["lengths"], [tuple(s) for s in settings["settings"]], settings.get("heads", 1),
-        settings.get("head_dim", 64), dtype, device, settings.get("repeats", 3),
+        settings.get("head_dim", 64), dtype, device, settings.get("repeats", 3), routings=routings,
     )
     prefill = []
     if model_source:
         model, _ = load_model(model_source, dtype, device)
         prefill = prefill_rows(model, [tuple(s) for s in settings.get("prefill_settings", [[16, 256, 1]])],
-                               settings.get("prefill_lengths", [4096]), repeats=settings.get("repeats", 2))
+                               settings.get("prefill_lengths", [4096]), repeats=settings.get("repeats", 2),
+                               routings=routings)
     info = device_info()
     name = info.get("cuda_device") if device.startswith("cuda") else info["cpu"]
     measured_on = f"{name}, {torch.get_num_threads()} torch threads, {str(dtype).removeprefix('torch.')}"

@@ -425,20 +425,24 @@ def _merge(local_out, local_lse, seg_out, seg_lse, entries: _Entries, valid):
     return out * valid[:, None, None, :, None]
 
 
-def pair_counts(length: int, window: int, groups: torch.Tensor, sink_tokens: int = 0) -> tuple[int, int]:
+def pair_counts(
+    length: int, window: int, groups: torch.Tensor, sink_tokens: int = 0, query_groups: torch.Tensor | None = None
+) -> tuple[int, int]:
     """(full causal pairs, pairs the hard Focus pattern keeps) for one head of one sequence.
 
     Args:
-        groups: (L, k) group ids per token.
+        groups: (L, k) group ids per token; query_groups: (L, k) the queries' own (query-side routing), or None.
     """
     full = length * (length + 1) // 2
-    members = torch.zeros(length, int(groups.max()) + 1, dtype=torch.bool)
-    members.scatter_(1, groups, True)
+    query_groups = groups if query_groups is None else query_groups
+    width = int(max(groups.max(), query_groups.max())) + 1
+    members = torch.zeros(length, width, dtype=torch.bool).scatter_(1, groups, True)
+    members_q = torch.zeros(length, width, dtype=torch.bool).scatter_(1, query_groups, True)
     kept = 0
     for start in range(0, length, 4096):  # blocks keep the (block, L) mask small at 64K tokens
         i = torch.arange(start, min(start + 4096, length))[:, None]
         j = torch.arange(length)[None, :]
-        shared = (members[start : start + 4096].float() @ members.float().T) > 0
+        shared = (members_q[start : start + 4096].float() @ members.float().T) > 0
         allowed = (j <= i) & ((i - j < window) | shared | (j < sink_tokens))
         kept += int(allowed.sum())
     return full, kept

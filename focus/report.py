@@ -160,13 +160,16 @@ def write_speed_tables(attention: list[dict], prefill: list[dict], attention_csv
 
 def plot_speedup(attention_csv: str | Path, figure: str | Path) -> None:
     """Measured speedup of the decomposition over full causal SDPA against sequence length, one line per
-    (groups, window, top-k), with the pair-count limit dashed in the same colour. PNG plus SVG sibling."""
+    (groups, window, top-k, routing), with the pair-count limit dashed in the same colour. PNG plus SVG sibling."""
     plt = pyplot()
 
     frame = pd.read_csv(attention_csv)
+    if "routing" not in frame:  # tables measured before query-side routing existed
+        frame["routing"] = "key"
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    for (groups, window, top_k), part in frame.groupby(["groups", "window", "top_k"]):
-        (line,) = ax.plot(part["length"], part["speedup"], marker="o", label=f"G={groups} w={window} top-{top_k}")
+    for (groups, window, top_k, routing), part in frame.groupby(["groups", "window", "top_k", "routing"]):
+        label = f"G={groups} w={window} top-{top_k}, {routing} routing"
+        (line,) = ax.plot(part["length"], part["speedup"], marker="o", label=label)
         ax.plot(part["length"], part["theoretical"], linestyle="--", color=line.get_color(), alpha=0.7)
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.set_xscale("log", base=2)

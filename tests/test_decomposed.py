@@ -140,6 +140,10 @@ def test_pair_counts_and_theoretical_ratio():
     brute = sum(1 for i in range(length) for j in range(i + 1) if i - j < window or groups[i, 0] == groups[j, 0])
     assert full == length * (length + 1) // 2 and kept == brute
     assert abs(full / kept - theoretical_ratio(length, window, 8)) / (full / kept) < 0.05
+    query_groups = (torch.arange(length)[:, None] * 7 + 3) % 8  # the queries' own groups
+    _, kept = pair_counts(length, window, groups, query_groups=query_groups)
+    brute = sum(1 for i in range(length) for j in range(i + 1) if i - j < window or query_groups[i, 0] == groups[j, 0])
+    assert kept == brute
 
 
 # ---- inside a model ----------------------------------------------------------------------------------------------

@@ -188,8 +188,9 @@ def test_minimal_run_writes_sane_artifacts(mini_run):
     assert adapter["base_model"] == "smollm2-135m-instruct"
 
     speed = pd.read_csv(results / "bench" / "attention.csv")
-    assert len(speed) == 2 * 2 and (speed["speedup"] > 0).all() and (speed["theoretical"] > 1).all()
-    assert len(pd.read_csv(results / "bench" / "prefill.csv")) == 1
+    assert len(speed) == 2 * 2 * 2 and (speed["speedup"] > 0).all() and (speed["theoretical"] > 1).all()
+    assert sorted(set(speed["routing"])) == ["key", "query"]
+    assert len(pd.read_csv(results / "bench" / "prefill.csv")) == 2  # key and query routing
     assert (results / "bench" / "attention.md").read_text().startswith("Measured on: ")
 
     # The evaluation stages: one row per (method, task), a real PEFT adapter, every claim judged.
