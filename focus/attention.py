@@ -123,14 +123,7 @@ def focus_attention(
         out = unmodified_attention(query, key, value, base_mask, scaling, dropout, softcap)
         return out.transpose(1, 2).contiguous(), None
 
-    valid = None if base_mask is None else base_mask.any(dim=-2)[:, 0]  # (B, L) real (non-padding) keys
-    log_p = route(module, key_vectors, valid)  # (B, K, L, G)
-    if config.route_queries == "query":
-        query_vectors = routing_vectors(module, query, positions[:, k_len - q_len :])
-        log_p_q = route_queries(module, query_vectors, key.shape[1])  # (B, H, Q, G)
-    else:
-        log_p_q = log_p[:, :, k_len - q_len :]  # (B, K, Q, G): a query token is routed by its own key
-    sinks = sink_keys(valid, k_len, config.sink_tokens, key.device) if config.sink_tokens else None
+    valid, log_p_q, log_p, sinks = route_call(module, query, key_vectors, base_mask, positions)
     if config.mode == "soft":
         bias, allowed = soft_bias(log_p_q, log_p, config.window, base_mask, config.gate_floor, sinks, config.gate)
     else:
@@ -150,6 +143,30 @@ def focus_attention(
     else:
         out = sdpa_grouped(query, key, value, allowed, bias, scaling, dropout)
     return out.transpose(1, 2).contiguous(), None
+
+
+def route_call(
+    module: nn.Module, query: torch.Tensor, key_vectors: torch.Tensor, base_mask: torch.Tensor | None,
+    positions: torch.Tensor,
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Everything one attention call routes: (valid keys (B, L) or None, query log-assignments (B, K or H, Q, G),
+    key log-assignments (B, K, L, G), sink keys (B or 1, L) or None).
+
+    Args:
+        key_vectors: (B, K, L, D) the routing vectors of the keys (`routing_vectors`).
+        positions: (B or 1, L) positions of the keys (`key_positions`); the queries are the last Q of them.
+    """
+    config: FocusConfig = module.focus_config
+    q_len, k_len = query.shape[-2], key_vectors.shape[-2]
+    valid = None if base_mask is None else base_mask.any(dim=-2)[:, 0]  # (B, L) real (non-padding) keys
+    log_p = route(module, key_vectors, valid)  # (B, K, L, G)
+    if config.route_queries == "query":
+        query_vectors = routing_vectors(module, query, positions[:, k_len - q_len :])
+        log_p_q = route_queries(module, query_vectors, key_vectors.shape[1])  # (B, H, Q, G)
+    else:
+        log_p_q = log_p[:, :, k_len - q_len :]  # (B, K, Q, G): a query token is routed by its own key
+    sinks = sink_keys(valid, k_len, config.sink_tokens, key_vectors.device) if config.sink_tokens else None
+    return valid, log_p_q, log_p, sinks
 
 
 def _decomposable(query, key, softcap, dropout, sliding_window) -> bool:

@@ -518,6 +518,7 @@ def interpret_adapter(
         labels: extra fields for the summary (the pipeline's model and variant names).
     """
     from .adapter import load_focus
+    from .diagnostics import distant_attention_recall
     from .experiments import read_tokens  # deferred: experiments imports the profile, which imports this module
     from .files import write_json, write_text
     from .interpret_plots import (
@@ -544,6 +545,7 @@ def interpret_adapter(
     categories = categorise(rows, tokenizer)[:, skip:].flatten()
     texts = token_texts(tokenizer, rows)
     tables = analyse(routing, categories, texts, config, seq_len)
+    recall = distant_attention_recall(model, rows, config.batch_size)  # what the groups keep of the attention
     for frame, path in ((tables["layers"], layers_csv), (tables["shares"], shares_csv),
                         (tables["categories"], categories_csv), (tables["top_tokens"], top_tokens_csv)):
         write_text(path, frame.to_csv(index=False, float_format="%.6g"))
@@ -574,6 +576,7 @@ def interpret_adapter(
         mode={"model_run": "hard", "top_k": focus.top_k, "hard_group": "top-1"},
         routings=ROUTINGS,
         categories=CATEGORIES,
+        distant_attention=recall,
         focus_config=to_dict(focus),
         interpret_config=to_dict(config),
         seconds=round(time.perf_counter() - tic, 1),

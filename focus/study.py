@@ -2,8 +2,9 @@
 
 One row per design (and one for the pretrained model): what it changes, its wall time, perplexity on the
 validation split of the study domain (what the choice is made on), soft and hard, then the test splits (reported,
-never tuned on), long-context perplexity and pass-key accuracy in hard mode, and how its groups align with token
-category and with position (NMI). The figure shows validation perplexity during training against the pretrained
+never tuned on), long-context perplexity and pass-key accuracy, how its groups align with token category and with
+position (NMI), and what its hard pattern keeps of the pretrained model's distant attention: the share of the mass
+(`distant_recall`) and of the pairs (`distant_kept`, the cost; `focus.diagnostics`). The figure shows validation perplexity during training against the pretrained
 model on the same rows.
 """
 
@@ -80,10 +81,13 @@ def study_frame(
     for record in _records(needle, model):
         put(record["method"], "needle_{mode}", record["accuracy"])
     for path in _of_model(interpret, model):
-        alignment = json.loads(Path(path).read_text())["alignment"]
+        record = json.loads(Path(path).read_text())
         row = rows[Path(path).parent.name]
         for label in ("category", "position"):
-            row[f"nmi_{label}"] = alignment[label]["nmi_mean"]
+            row[f"nmi_{label}"] = record["alignment"][label]["nmi_mean"]
+        if "distant_attention" in record:  # focus.diagnostics: what the hard pattern keeps of the pretrained attention
+            row["distant_recall"] = record["distant_attention"]["recall"]
+            row["distant_kept"] = record["distant_attention"]["kept"]
     frame = pd.DataFrame(list(rows.values()))
     pretrained = frame.loc[0, f"{domain}_validation"] if f"{domain}_validation" in frame else None
     for mode in ("soft", "hard"):

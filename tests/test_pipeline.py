@@ -216,7 +216,7 @@ def test_minimal_run_writes_sane_artifacts(mini_run):
     assert study.loc["pretrained", "books_validation"] == pytest.approx(
         json.loads((results / "perplexity" / "tiny-qwen2" / "pretrained" / "books.validation.json").read_text())["perplexity"])
     for column in ("books_validation_soft", "books_validation_hard", "books_test_hard", "ctx128_hard", "needle_hard",
-                   "nmi_category", "nmi_position", "train_seconds"):
+                   "nmi_category", "nmi_position", "distant_recall", "distant_kept", "train_seconds"):
         assert math.isfinite(study.loc["focus", column]), column
     assert study.loc["focus", "books_validation_hard_vs_pretrained"] == pytest.approx(
         study.loc["focus", "books_validation_hard"] / study.loc["pretrained", "books_validation"] - 1)
