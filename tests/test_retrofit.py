@@ -204,10 +204,11 @@ def test_parameter_counts():
     assert focus_parameter_count(tiny) == tiny.config.num_hidden_layers * 8 * tiny.config.head_dim
 
 
-def test_adapter_round_trip_reproduces_logits(tmp_path):
+@pytest.mark.parametrize("design", [{}, {"route_queries": "query", "unrotate": True, "gate": "neutral"}], ids=str)
+def test_adapter_round_trip_reproduces_logits(tmp_path, design):
     model = tiny_model("mistral", seed=0)
     ids, mask = padded_batch(model.config.vocab_size)
-    apply_focus(model, FocusConfig(window=3, num_groups=4, mode="hard"), calibration_ids=ids)
+    apply_focus(model, FocusConfig(window=3, num_groups=4, mode="hard", **design), calibration_ids=ids)
     with torch.no_grad():
         for p in focus_parameters(model):
             p.add_(torch.randn_like(p))  # as if trained: not what k-means would give again
@@ -220,6 +221,7 @@ def test_adapter_round_trip_reproduces_logits(tmp_path):
 
     fresh = tiny_model("mistral", seed=0)
     load_focus(fresh, tmp_path / "adapter")
+    assert focus_config(fresh) == focus_config(model)
     assert torch.equal(logits(fresh, ids, mask), expected)
 
 
