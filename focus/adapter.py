@@ -10,12 +10,15 @@ focus_config.json always holds a complete adapter.
 from __future__ import annotations
 
 import json
+import re
+import warnings
 from pathlib import Path
 
+import torch
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
-from .config import FocusConfig, to_dict
+from .config import ConfigError, FocusConfig, to_dict
 from .distributed import barrier, copy_full_, full_state, is_main_process
 from .files import atomic_write, write_json
 from .provenance import git_commit
@@ -59,13 +62,34 @@ def save_focus(model: PreTrainedModel, directory: str | Path, base_model: str | 
     return directory
 
 
+class AdapterError(ValueError):
+    """A Focus adapter folder is damaged or does not fit the model. The message names the folder and the file."""
+
+
+_REQUIRED = ("focus_config", "num_layers", "centroid_shape", "base_model", "model_type")
+_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+
+
 def read_adapter_config(directory: str | Path) -> dict:
+    """The adapter's focus_config.json record, checked for what `load_focus` needs.
+
+    Raises:
+        FileNotFoundError: no focus_config.json in `directory`.
+        AdapterError: the file is not valid JSON (truncated, damaged), not a focus adapter, or lacks a key.
+    """
     path = Path(directory) / CONFIG_NAME
     if not path.is_file():
         raise FileNotFoundError(f"no Focus adapter at {directory}: {CONFIG_NAME} not found")
-    record = json.loads(path.read_text())
-    if record.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a {FORMAT} file (format={record.get('format')!r})")
+    try:
+        record = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise AdapterError(f"Focus adapter {path} is not valid JSON ({err}); the file is damaged or truncated") from None
+    if not isinstance(record, dict) or record.get("format") != FORMAT:
+        found = record.get("format") if isinstance(record, dict) else type(record).__name__
+        raise AdapterError(f"{path} is not a {FORMAT} file (format={found!r})")
+    missing = [key for key in _REQUIRED if key not in record]
+    if missing:
+        raise AdapterError(f"Focus adapter {path} lacks {missing[0]!r}; the file is damaged or was edited")
     return record
 
 
@@ -74,26 +98,95 @@ def read_adapter_config(directory: str | Path) -> dict:
 _LEGACY_FIELDS = {"route_queries": "key"}
 
 
-def load_focus(model: PreTrainedModel, directory: str | Path) -> PreTrainedModel:
-    """Put the adapter in `directory` onto `model` (applying Focus first if needed); returns the model."""
+def load_focus(model: PreTrainedModel, directory: str | Path, strict: bool = False) -> PreTrainedModel:
+    """Put the adapter in `directory` onto `model` (applying Focus first if needed); returns the model.
+
+    Every tensor is checked against the shape and dtype the model needs before anything is copied, so a damaged or
+    foreign adapter leaves the model as it was. An adapter saved from another model type, or from another hub model
+    (compared when both names are hub ids; local folders and packaged names differ between machines), loads with a
+    warning, as PEFT does; `strict=True` refuses it.
+
+    Raises:
+        FileNotFoundError: `directory` holds no adapter (or no centroid file).
+        AdapterError: one line naming the folder, the file and what does not fit.
+    """
+    directory = Path(directory)
     record = read_adapter_config(directory)
-    config = FocusConfig.from_dict({**_LEGACY_FIELDS, **record["focus_config"]})
+    try:
+        config = FocusConfig.from_dict({**_LEGACY_FIELDS, **record["focus_config"]})
+    except ConfigError as err:
+        raise AdapterError(f"Focus adapter {directory / CONFIG_NAME}: {err}") from None
+    _check_base_model(model, record, directory, strict)
     kv_heads, head_dim = head_shape(model)
     sets = 1 if config.shared_centroids else kv_heads
     expected = [sets, config.num_groups, head_dim]
     layers = len(attention_modules(model))
     if record["num_layers"] != layers or record["centroid_shape"] != expected:
-        raise ValueError(
+        raise AdapterError(
             f"Focus adapter {directory} holds {record['num_layers']} layers of {tuple(record['centroid_shape'])} "
             f"centroids (base {record['base_model']}), but this model needs {layers} layers of {tuple(expected)}"
         )
-    tensors = load_file(str(Path(directory) / WEIGHTS_NAME))
+    tensors = _read_tensors(directory, layers, tuple(expected))
     if not has_focus(model):
         apply_focus(model, config, init_centroids=False)
     elif focus_config(model).num_groups != config.num_groups or focus_config(model).shared_centroids != config.shared_centroids:
-        raise ValueError(f"model's Focus layout differs from the adapter at {directory}; call remove_focus first")
+        raise AdapterError(f"model's Focus layout differs from the adapter at {directory}; call remove_focus first")
     for i, module in enumerate(attention_modules(model)):
         module.focus_config = config
         copy_full_(module.focus_centroids, tensors[f"layers.{i}.centroids"])  # or this process's shard of them
         copy_full_(module.focus_group_bias, tensors[f"layers.{i}.group_bias"])
     return model
+
+
+def _check_base_model(model: PreTrainedModel, record: dict, directory: Path, strict: bool) -> None:
+    """Warn (strict: raise) when the adapter was saved from another model type or another hub model."""
+    problems = []
+    if record["model_type"] != model.config.model_type:
+        problems.append(f"model type {record['model_type']!r}, this model is {model.config.model_type!r}")
+    here = getattr(model.config, "_name_or_path", "") or ""
+    saved = str(record["base_model"])
+    if _is_hub_id(saved) and _is_hub_id(here) and saved != here:
+        problems.append(f"base model {saved!r}, this model is {here!r}")
+    if problems:
+        message = f"Focus adapter {directory / CONFIG_NAME} was saved from {' and '.join(problems)}"
+        if strict:
+            raise AdapterError(message)
+        warnings.warn(message + "; its groups were trained for that model (strict=True refuses this)", stacklevel=3)
+
+
+def _is_hub_id(name: str) -> bool:
+    return bool(_HUB_ID.match(name)) and not Path(name).expanduser().exists()
+
+
+def _read_tensors(directory: Path, layers: int, centroid_shape: tuple[int, ...]) -> dict[str, torch.Tensor]:
+    """The adapter's tensors, every one checked: present, no others, floating point, of the expected shape."""
+    path = directory / WEIGHTS_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"Focus adapter {directory} has no {WEIGHTS_NAME}")
+    try:
+        tensors = load_file(str(path))
+    except Exception as err:  # safetensors raises its own error types for a damaged header or a short file
+        raise AdapterError(f"Focus adapter {path} cannot be read ({str(err).splitlines()[0]}); the file is damaged") from None
+    expected = {}
+    for i in range(layers):
+        expected[f"layers.{i}.centroids"] = centroid_shape
+        expected[f"layers.{i}.group_bias"] = centroid_shape[:2]
+    missing = sorted(set(expected) - set(tensors), key=_natural)
+    unexpected = sorted(set(tensors) - set(expected), key=_natural)
+    if missing or unexpected:
+        what = f"lacks {missing[0]!r}" if missing else f"holds an unexpected tensor {unexpected[0]!r}"
+        raise AdapterError(f"Focus adapter {path} {what} (focus_config.json says {layers} layers)")
+    for name, shape in expected.items():
+        tensor = tensors[name]
+        if tuple(tensor.shape) != shape:
+            raise AdapterError(f"Focus adapter {path}: {name} has shape {tuple(tensor.shape)}, but {CONFIG_NAME} "
+                               f"and this model need {shape}")
+        if not tensor.is_floating_point():
+            raise AdapterError(f"Focus adapter {path}: {name} is {tensor.dtype}, not a floating-point tensor")
+        if not torch.isfinite(tensor).all():
+            raise AdapterError(f"Focus adapter {path}: {name} holds NaN or infinite values")
+    return tensors
+
+
+def _natural(name: str) -> tuple:
+    return tuple(int(part) if part.isdigit() else part for part in name.split("."))

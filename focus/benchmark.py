@@ -106,8 +106,13 @@ def prefill_rows(
     from .retrofit import apply_focus, remove_focus
 
     device = next(model.parameters()).device
+    limit = getattr(model.config.get_text_config(), "max_position_embeddings", None)
     rows = []
     for length in lengths:
+        beyond = limit is not None and length > limit
+        if beyond:  # on purpose: speed does not depend on what the positions mean
+            progress(f"prefill L={length}: beyond the model's {limit} positions, timed for speed only (its outputs "
+                     "there are meaningless)")
         ids = torch.randint(0, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(0))
         ids = ids.to(device)
 
@@ -123,7 +128,8 @@ def prefill_rows(
                 focus_s, focus_mem = median_seconds(forward, repeats, device)
             finally:
                 remove_focus(model)
-            rows.append({"length": length, "groups": num_groups, "window": window, "top_k": top_k, "routing": routing,
+            rows.append({"length": length, "beyond_position_limit": beyond, "groups": num_groups, "window": window,
+                         "top_k": top_k, "routing": routing,
                          "unmodified_s": base_s, "focus_s": focus_s, "speedup": base_s / focus_s,
                          "unmodified_peak_gib": base_mem, "focus_peak_gib": focus_mem})
             progress(f"prefill L={length}: unmodified {base_s:.2f}s focus(G={num_groups} w={window} k={top_k} "

@@ -7,6 +7,7 @@ instead of a silently ignored setting.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -40,8 +41,22 @@ def _check_type(cls_name: str, name: str, value: Any, annotation: Any) -> Any:
         if not isinstance(value, annotation) or (annotation is int and isinstance(value, bool)):
             raise ConfigError(
                 f"{cls_name}.{name} must be {annotation.__name__}, got {type(value).__name__} {value!r}"
+                + yaml_number_hint(value)
             )
     return value
+
+
+def yaml_number_hint(value: Any) -> str:
+    """A hint for a number YAML read as a string: YAML 1.1 wants a dot in the mantissa of a float (1.0e-2, not 1e-2)."""
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            return ""
+        mantissa, _, exponent = value.lower().partition("e")
+        if exponent and "." not in mantissa:
+            return f" (YAML reads {value} as a string; write {float(mantissa):.1f}e{int(exponent)} for the number {number:g})"
+    return ""
 
 
 def check_types(config: Any) -> None:
@@ -166,8 +181,8 @@ class FocusConfig:
             raise ConfigError(f"FocusConfig.sinkhorn_iters must be >= 0, got {self.sinkhorn_iters}")
         if not 0 <= self.balance_momentum < 1:
             raise ConfigError(f"FocusConfig.balance_momentum must be in [0, 1), got {self.balance_momentum}")
-        if not self.temperature > 0:
-            raise ConfigError(f"FocusConfig.temperature must be > 0, got {self.temperature}")
+        if not (self.temperature > 0 and math.isfinite(self.temperature)):
+            raise ConfigError(f"FocusConfig.temperature must be a finite number > 0, got {self.temperature}")
         if self.route_queries == "query" and self.window < 1:
             # A query's groups need not include its own key's: without a window it could see no key at all.
             raise ConfigError(f"FocusConfig.route_queries='query' needs window >= 1, got {self.window}")

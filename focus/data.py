@@ -55,6 +55,80 @@ def find_mirror(explicit: str | Path | None = None) -> Path | None:
     return None
 
 
+class MirrorError(ValueError):
+    """A data mirror file does not match its MANIFEST.json entry. The message names the file and both values."""
+
+
+def verify_mirror_file(path: str | Path) -> None:
+    """Check one file of the data mirror against its MANIFEST.json entry before anything reads it.
+
+    Size and row count are checked every time (a file cut at a line end keeps valid rows, only fewer of them); the
+    sha256 once per file version: a match is remembered by (size, mtime) in `<focus cache>/mirror_checks.json`, so
+    the second check of an unchanged file costs a stat and a line count.
+
+    Raises:
+        MirrorError: the file is not listed in MANIFEST.json, or its size, rows or sha256 differ (one line naming
+            the file, the expected and the found value).
+    """
+    path = Path(path).resolve()
+    root = next((folder for folder in path.parents if (folder / _MANIFEST).is_file()), None)
+    if root is None:
+        raise MirrorError(f"{path}: no {_MANIFEST} in any folder above it, so it cannot be checked")
+    relative = path.relative_to(root).as_posix()
+    entry = _manifest_entries(str(root / _MANIFEST)).get(relative)
+    if entry is None:
+        raise MirrorError(f"{path}: not listed in {root / _MANIFEST}")
+    stat = path.stat()
+    if stat.st_size != entry["bytes"]:
+        raise MirrorError(f"{path}: {stat.st_size:,} bytes, {_MANIFEST} says {entry['bytes']:,}; the file is damaged")
+    rows = _row_count(path, entry.get("kind"))
+    if entry.get("rows") is not None and rows != entry["rows"]:
+        raise MirrorError(f"{path}: {rows:,} rows, {_MANIFEST} says {entry['rows']:,}; the file is damaged")
+    _check_sha256(path, entry["sha256"], stat)
+
+
+def _row_count(path: Path, kind: str | None) -> int:
+    """Rows as MANIFEST.json counts them: non-empty lines of a JSON-lines file, every line of a text file."""
+    with open(path, "rb") as file:
+        if kind == "jsonl":
+            return sum(1 for line in file if line.strip())
+        return sum(1 for _ in file)
+
+
+@functools.lru_cache(maxsize=4)
+def _manifest_entries(manifest: str) -> dict[str, dict]:
+    import json
+
+    return {entry["file"]: entry for entry in json.loads(Path(manifest).read_text()).get("files", [])}
+
+
+def _check_sha256(path: Path, expected: str, stat) -> None:
+    import hashlib
+    import json
+
+    from .files import write_json
+    from .models import focus_cache_dir
+
+    version = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": expected}
+    record = focus_cache_dir() / "mirror_checks.json"
+    try:
+        checked = json.loads(record.read_text())
+    except (OSError, ValueError):
+        checked = {}
+    if checked.get(str(path)) == version:
+        return
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    if digest.hexdigest() != expected:
+        raise MirrorError(f"{path}: sha256 {digest.hexdigest()}, {_MANIFEST} says {expected}; the file was changed")
+    try:
+        write_json(record, {**checked, str(path): version})
+    except OSError:  # a read-only cache only costs the hash again next time
+        pass
+
+
 def load_corpus(name: str, split: str, mirror: str | Path | None = None) -> str:
     """The text of one corpus split, as one string.
 
@@ -67,11 +141,13 @@ def load_corpus(name: str, split: str, mirror: str | Path | None = None) -> str:
 
     Raises:
         ValueError: unknown `name` or `split`.
+        MirrorError: the mirror file does not match MANIFEST.json (`verify_mirror_file`).
         FileNotFoundError: one line naming the corpus, split, mirror file and places searched, when neither the
             mirror nor (for wikitext2) the hub provides the split.
     """
     path, relative, searched = _mirror_file(name, split, mirror)
     if path is not None:
+        verify_mirror_file(path)
         texts = _mirror_texts(str(path))
         if name == "books":
             texts = tuple(split_book(book)[split] for book in texts)
@@ -95,11 +171,12 @@ def load_corpus(name: str, split: str, mirror: str | Path | None = None) -> str:
 
 
 def corpus_location(name: str, split: str, mirror: str | Path | None = None) -> str:
-    """Where `load_corpus(name, split, mirror)` will read from, without reading it: a mirror file path, or
-    "hub <dataset> <config> <split>". Cheap, so a pipeline can check all its data before any job starts.
+    """Where `load_corpus(name, split, mirror)` will read from, without loading it: a mirror file path (verified
+    against MANIFEST.json), or "hub <dataset> <config> <split>". Cheap, so a pipeline checks all its data before any
+    job starts.
 
     Raises:
-        ValueError: unknown `name` or `split`.
+        ValueError: unknown `name` or `split`; MirrorError: the mirror file does not match MANIFEST.json.
         FileNotFoundError: one line naming the corpus, split and places searched, when the mirror lacks the file
             and the hub cannot provide it (books are mirror-only; the hub is unusable with HF_HUB_OFFLINE=1).
     """
@@ -107,6 +184,7 @@ def corpus_location(name: str, split: str, mirror: str | Path | None = None) -> 
 
     path, relative, searched = _mirror_file(name, split, mirror)
     if path is not None:
+        verify_mirror_file(path)
         return str(path)
     if name == "books":
         raise FileNotFoundError(f"books split {split!r} not found: no mirror file {relative} (searched {searched})")

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from .data import find_mirror
+from .data import find_mirror, verify_mirror_file
 
 _log = logging.getLogger(__name__)
 
@@ -92,6 +92,15 @@ def hub_unavailable() -> str | None:
     return None
 
 
+def mirror_task_files(tasks: list[str], mirror: str | Path | None = None) -> list[Path]:
+    """The mirror files that `tasks` read (those present; hub-only tasks read none), for checking them early."""
+    root = find_mirror(mirror)
+    if root is None:
+        return []
+    files = {root / path for task in tasks if task in _MIRRORED for path in _MIRRORED[task][1].values()}
+    return sorted(path for path in files if path.is_file())
+
+
 def write_mirror_tasks(folder: str | Path, mirror: str | Path | None = None) -> dict[str, str]:
     """Write one lm-eval task YAML per mirrored task into `folder`; returns {stock task: local task name}.
 
@@ -112,6 +121,7 @@ def write_mirror_tasks(folder: str | Path, mirror: str | Path | None = None) -> 
         for path in data_files.values():
             if not Path(path).is_file():
                 raise FileNotFoundError(f"the data mirror {root} has no {path} (needed by lm-eval task {task})")
+            verify_mirror_file(path)
         spec = {
             "include": str(stock / stock_yaml),
             "task": task + MIRROR_SUFFIX,

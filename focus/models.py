@@ -146,6 +146,42 @@ def check_context_length(model: torch.nn.Module, tokens: int) -> None:
         )
 
 
+def position_limit(source: str | os.PathLike) -> int | None:
+    """The positions `source` was trained for (its config's max_position_embeddings), read without its weights.
+
+    None when the model has no such limit, or when it cannot be known here without a download (a hub model not in
+    the local hub cache): the jobs that load it check again (`check_context_length`).
+    """
+    source = os.fspath(source)
+    if source.startswith(TINY_PREFIX):
+        config = tiny_config(source[len(TINY_PREFIX) :])
+    elif source == PACKAGED_SMOLLM2:
+        converted = focus_cache_dir() / PACKAGED_SMOLLM2 / "config.json"
+        if not converted.is_file():  # read the GGUF's metadata rather than convert it during a validation
+            return _gguf_context_length(packaged_smollm2_gguf())
+        config = AutoConfig.from_pretrained(converted.parent)
+    elif Path(source).expanduser().is_dir():
+        config = AutoConfig.from_pretrained(Path(source).expanduser())
+    else:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(source, "config.json")
+        if not isinstance(cached, str):
+            return None
+        config = AutoConfig.from_pretrained(Path(cached).parent)
+    return getattr(config.get_text_config(), "max_position_embeddings", None)
+
+
+def _gguf_context_length(gguf: Path) -> int | None:
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(gguf))
+    architecture = reader.fields["general.architecture"]
+    name = bytes(architecture.parts[architecture.data[0]]).decode()
+    field = reader.fields.get(f"{name}.context_length")
+    return None if field is None else int(field.parts[field.data[0]][0])
+
+
 def load_tokenizer(source: str | os.PathLike):
     """The tokenizer `load_model(source)` would return, without loading the weights."""
     source = os.fspath(source)

@@ -12,10 +12,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .config import ConfigError, FocusConfig, to_dict
-from .data import corpus_location
+from .config import ConfigError, FocusConfig, to_dict, yaml_number_hint
+from .data import MirrorError, corpus_location, verify_mirror_file
+from .harness import mirror_task_files
 from .lora import lora_name, parse_lora_name
-from .models import PACKAGED_SMOLLM2, TINY_FAMILIES, TINY_PREFIX
+from .models import PACKAGED_SMOLLM2, TINY_FAMILIES, TINY_PREFIX, position_limit
 from .training import TrainConfig
 
 PRETRAINED = "pretrained"
@@ -83,9 +84,32 @@ def resolve_profile(config: dict[str, Any], schema: dict[str, Any]) -> dict[str,
     if config.get("scratch") is not None:
         profile["scratch"] = _scratch_dict(config["scratch"], config["data"]["domains"])
     profile["perplexity"] = _perplexity_dict(config["perplexity"], config["data"]["domains"])
+    _check_positions(profile)
     if config.get("study") is not None:
         profile["study"] = _study_dict(config["study"], variants, models, profile["perplexity"])
     return profile
+
+
+def _check_positions(profile: dict[str, Any]) -> None:
+    """Every length the profile asks of a model fits its position limit (where it is known without a download)."""
+    everyone = list(profile["models"])
+    asked = [("train.seq_len", profile["train"]["seq_len"], everyone),
+             ("perplexity.context_length", profile["perplexity"]["context_length"], everyone)]
+    long = profile.get("long_context")
+    if long:
+        asked += [("long_context.context_lengths", length, long["models"]) for length in long["context_lengths"]]
+        for length in (long.get("needle") or {}).get("lengths", []):
+            asked.append(("long_context.needle.lengths", length, long["models"]))
+    limits: dict[str, int | None] = {}
+    for key, length, names in asked:
+        for name in names:
+            if name not in limits:
+                limits[name] = position_limit(profile["models"][name]["source"])
+            if limits[name] is not None and length > limits[name]:
+                raise ConfigError(
+                    f"models.{name}: {key} {length} exceeds the model's {limits[name]} positions "
+                    "(max_position_embeddings); shorten it or leave the model out of that section"
+                )
 
 
 def _perplexity_dict(section: dict[str, Any], domains: dict[str, list[str]]) -> dict[str, Any]:
@@ -184,7 +208,7 @@ def _check_schema(config: dict[str, Any], schema: dict[str, Any]) -> None:
     error = jsonschema.exceptions.best_match(validator.iter_errors(config))
     if error is not None:
         where = ".".join(str(part) for part in error.absolute_path) or "profile"
-        raise ConfigError(f"{where}: {error.message}")
+        raise ConfigError(f"{where}: {error.message}" + yaml_number_hint(error.instance))
 
 
 def _focus_dict(where: str, values: dict[str, Any]) -> dict[str, Any]:
@@ -257,8 +281,15 @@ def _check_data(config: dict[str, Any]) -> None:
         for split in splits:
             try:
                 corpus_location(domain, split, mirror)
-            except FileNotFoundError as err:
+            except (FileNotFoundError, MirrorError) as err:
                 raise ConfigError(f"data.domains.{domain}: {err}") from None
+    if config.get("harness") is not None:
+        tasks = [*config["harness"]["tasks"], *config["harness"].get("chat_tasks", [])]
+        try:
+            for path in mirror_task_files(tasks, mirror):
+                verify_mirror_file(path)
+        except MirrorError as err:
+            raise ConfigError(f"harness: {err}") from None
 
 
 def _scratch_dict(section: dict[str, Any], domains: dict[str, list[str]]) -> dict[str, Any]:

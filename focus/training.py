@@ -53,7 +53,7 @@ from focus.distributed import (
     rank_and_world,
 )
 from focus.files import atomic_write
-from focus.models import input_device
+from focus.models import check_context_length, input_device
 
 _log = logging.getLogger(__name__)
 
@@ -436,6 +436,7 @@ def _check_tokens(name: str, data: Any, model: nn.Module, min_rows: int) -> None
         raise ValueError(f"{name} needs sequences of length L >= 2 to predict a next token, got L={length}")
     if rows < min_rows:
         raise ValueError(f"{name} has {rows} sequences, fewer than one batch of {min_rows}")
+    check_context_length(model, length)  # beyond it GPT-2 fails deep in an index, rotary models train out of range
     embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     vocab = getattr(embeddings, "num_embeddings", None)
     if vocab is not None and (int(data.min()) < 0 or int(data.max()) >= vocab):

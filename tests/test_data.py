@@ -194,3 +194,81 @@ def test_chunk_tokens_drops_ragged_tail():
         chunk_tokens(ids.view(1, 23), 5)
     with pytest.raises(ValueError, match="seq_len must be >= 1, got 0"):
         chunk_tokens(ids, 0)
+
+
+# ---- the mirror is checked against MANIFEST.json -----------------------------------------------------------------
+
+
+@pytest.fixture
+def mirror_copy(mirror, tmp_path, monkeypatch):
+    """A private copy of the mirror's books file and MANIFEST.json, and a private focus cache (the sha256 record)."""
+    copy = tmp_path / "mirror"
+    (copy / "pg19_style_books").mkdir(parents=True)
+    (copy / "MANIFEST.json").write_bytes((mirror / "MANIFEST.json").read_bytes())
+    (copy / "pg19_style_books" / "books.jsonl").write_bytes((mirror / "pg19_style_books" / "books.jsonl").read_bytes())
+    monkeypatch.setenv("FOCUS_CACHE", str(tmp_path / "cache"))
+    data._mirror_texts.cache_clear()
+    return copy
+
+
+def test_a_books_file_cut_at_a_line_end_is_refused_before_it_is_read(mirror_copy):
+    books = mirror_copy / "pg19_style_books" / "books.jsonl"
+    lines = books.read_bytes().splitlines(keepends=True)
+    books.write_bytes(b"".join(lines[:3]))  # 3 of the 7 books: every row still valid JSON
+    manifest = json.loads((mirror_copy / "MANIFEST.json").read_text())
+    entry = next(e for e in manifest["files"] if e["file"] == "pg19_style_books/books.jsonl")
+    entry["bytes"] = books.stat().st_size  # as if the size had been fixed up by hand: the rows still differ
+    (mirror_copy / "MANIFEST.json").write_text(json.dumps(manifest))
+    data._manifest_entries.cache_clear()
+    with pytest.raises(data.MirrorError, match=r"books\.jsonl: 3 rows, MANIFEST\.json says 7; the file is damaged"):
+        load_corpus("books", "train", mirror_copy)
+    with pytest.raises(data.MirrorError, match="3 rows"):
+        data.corpus_location("books", "test", mirror_copy)
+
+
+def test_a_cut_file_is_refused_by_its_size_and_a_changed_one_by_its_sha256(mirror_copy):
+    books = mirror_copy / "pg19_style_books" / "books.jsonl"
+    original = books.read_bytes()
+    books.write_bytes(original[: len(original) // 2])
+    with pytest.raises(data.MirrorError, match=r"books\.jsonl: 2,404,317 bytes, MANIFEST\.json says 4,808,634"):
+        load_corpus("books", "train", mirror_copy)
+    changed = bytearray(original)
+    at = changed.index(b" the ")
+    changed[at + 1 : at + 4] = b"THE"  # same size, same rows, other text
+    books.write_bytes(bytes(changed))
+    with pytest.raises(data.MirrorError, match="sha256 .*, MANIFEST.json says .*; the file was changed"):
+        load_corpus("books", "train", mirror_copy)
+
+
+def test_the_sha256_is_computed_once_per_file_version(mirror_copy, monkeypatch):
+    import hashlib
+
+    hashed = []
+    real = hashlib.sha256
+    monkeypatch.setattr(hashlib, "sha256", lambda *args: hashed.append(1) or real(*args))
+    books = mirror_copy / "pg19_style_books" / "books.jsonl"
+    data.verify_mirror_file(books)
+    data.verify_mirror_file(books)
+    assert len(hashed) == 1
+    books.touch()  # a new modification time: another version, hashed again
+    data.verify_mirror_file(books)
+    assert len(hashed) == 2
+
+
+def test_a_damaged_mirror_fails_profile_validation_in_one_line(mirror_copy):
+    import yaml
+
+    from focus.config import ConfigError
+    from focus.profile import resolve_profile
+
+    root = Path(__file__).resolve().parent.parent
+    books = mirror_copy / "pg19_style_books" / "books.jsonl"
+    books.write_bytes(books.read_bytes()[:-10])
+    config = yaml.safe_load((root / "configs" / "tiny.yaml").read_text())
+    config.update(models={"tiny": {"source": "tiny:llama"}}, data={"mirror": str(mirror_copy), "domains": {"books": ["train", "validation", "test"]}})
+    config["perplexity"]["domains"] = ["books"]
+    config.pop("benchmark"), config.pop("interpret")
+    schema = yaml.safe_load((root / "workflow" / "schemas" / "config.schema.yaml").read_text())
+    with pytest.raises(ConfigError, match=r"^data\.domains\.books: .*books\.jsonl: .* bytes, MANIFEST\.json says") as info:
+        resolve_profile(config, schema)
+    assert "\n" not in str(info.value)

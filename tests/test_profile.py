@@ -82,6 +82,16 @@ BAD = {
     "unknown FocusConfig key": (lambda c: c["focus"].update(windw=3), "unknown FocusConfig key 'windw'"),
     "bad FocusConfig value": (lambda c: c["focus"].update(top_k=99), "FocusConfig.top_k (99) must be <= num_groups"),
     "bad TrainConfig value": (lambda c: c["train"]["centroids"].update(lr=-1.0), "TrainConfig.lr must be"),
+    "a learning rate YAML read as a string": (
+        lambda c: c["train"]["centroids"].update(yaml.safe_load("lr: 1e-2")),
+        "TrainConfig.lr must be float, got str '1e-2' (YAML reads 1e-2 as a string; write 1.0e-2 for the number 0.01)",
+    ),
+    "a LoRA learning rate YAML read as a string": (
+        lambda c: c.update(lora=yaml.safe_load("{ranks: [4], lrs: [1e-4]}")),
+        "lora.lrs.0: '1e-4' is not of type 'number' (YAML reads 1e-4 as a string; write 1.0e-4 for the number 0.0001)",
+    ),
+    "infinite temperature": (lambda c: c["focus"].update(temperature=float("inf")),
+                             "FocusConfig.temperature must be a finite number > 0, got inf"),
     "unknown tiny family": (lambda c: c["models"]["smollm2"].update(source="tiny:bert"), "unknown tiny model family"),
     "unknown model": (lambda c: c["models"]["smollm2"].update(source="no-such-model"), "unknown model 'no-such-model'"),
     "missing split": (lambda c: c["data"]["domains"].pop("wikitext2"),
@@ -116,6 +126,19 @@ BAD = {
         lambda c: c.update(study={"model": "gpt9", "baseline": "focus", "domain": "books"}),
         "study.model: 'gpt9' is not one of this profile's models",
     ),
+    "training longer than a model's positions": (
+        lambda c: c["train"].update(seq_len=4096),
+        "models.tiny-gpt2: train.seq_len 4096 exceeds the model's 2048 positions (max_position_embeddings)",
+    ),
+    "long context beyond a model's positions": (
+        lambda c: c.update(long_context={"models": ["smollm2"], "domain": "books", "context_lengths": [1024, 16384]}),
+        "models.smollm2: long_context.context_lengths 16384 exceeds the model's 8192 positions",
+    ),
+    "needle beyond a model's positions": (
+        lambda c: c.update(long_context={"models": ["tiny-qwen2"], "domain": "books", "context_lengths": [512],
+                                         "needle": {"lengths": [4096], "depths": [0.5], "trials": 1}}),
+        "models.tiny-qwen2: long_context.needle.lengths 4096 exceeds the model's 2048 positions",
+    ),
     "batch not shared equally by the gpus": (
         lambda c: c["models"]["smollm2"].update(gpus=3),
         "models.smollm2.centroids.batch_size (2) must be a multiple of models.smollm2.gpus (3)",
@@ -148,3 +171,12 @@ def test_offline_hub_model_not_in_cache_is_refused(monkeypatch):
     config["models"]["smollm2"]["source"] = "nobody/not-a-cached-model"
     with pytest.raises(ConfigError, match="not in the local hub cache and HF_HUB_OFFLINE=1"):
         resolve_profile(config, SCHEMA)
+
+
+def test_the_packaged_models_position_limit_is_read_without_converting_it(tmp_path, monkeypatch):
+    from focus.models import PACKAGED_SMOLLM2, position_limit
+
+    monkeypatch.setenv("FOCUS_CACHE", str(tmp_path))  # nothing converted here: the GGUF's metadata answers
+    assert position_limit(PACKAGED_SMOLLM2) == 8192
+    assert not any(tmp_path.iterdir())
+    assert position_limit("nobody/not-a-cached-model") is None  # unknowable offline: the jobs check it

@@ -323,6 +323,9 @@ def test_no_trainable_parameters_or_bad_data_is_one_clear_error(tmp_path):
         train_centroids(model, pattern_data(rows=5), TrainConfig(batch_size=8), tmp_path / "out")
     with pytest.raises(ValueError, match=r"outside the model's vocabulary \[0, 128\)"):
         train_centroids(model, pattern_data() + 120, TrainConfig(), tmp_path / "out")
+    positions = model.config.max_position_embeddings
+    with pytest.raises(ValueError, match=f"a context of {positions + 1} tokens exceeds llama's {positions} positions"):
+        train_centroids(model, torch.zeros(8, positions + 1, dtype=torch.long), TrainConfig(), tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 

@@ -1,0 +1,98 @@
+"""Adapters are checked, not trusted: a damaged or foreign adapter is one error naming the folder and the file, and
+the model it was loaded onto is left as it was."""
+
+import json
+import warnings
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from focus import FocusConfig, apply_focus, has_focus, load_focus, save_focus
+from focus.adapter import CONFIG_NAME, WEIGHTS_NAME, AdapterError
+from focus.models import tiny_model
+
+
+@pytest.fixture
+def adapter(tmp_path):
+    """A saved adapter of a tiny Llama (2 layers, 2 key/value heads, 4 groups, head size 16)."""
+    model = tiny_model("llama", seed=0)
+    apply_focus(model, FocusConfig(num_groups=4, window=3), init_centroids=False)
+    return save_focus(model, tmp_path / "adapter")
+
+
+def rewrite_tensors(folder, change):
+    tensors = load_file(str(folder / WEIGHTS_NAME))
+    change(tensors)
+    save_file(tensors, str(folder / WEIGHTS_NAME))
+
+
+def fails_cleanly(folder, match, model_family="llama", **kwargs):
+    """load_focus refuses the adapter with one line naming its file, and applies nothing to the model."""
+    model = tiny_model(model_family, seed=0)
+    with pytest.raises(AdapterError, match=match) as info:
+        load_focus(model, folder, **kwargs)
+    assert "\n" not in str(info.value) and str(folder) in str(info.value)
+    assert not has_focus(model)
+    return str(info.value)
+
+
+def test_shared_centroids_where_the_config_says_per_head_are_refused(adapter):
+    """(1, G, D) would broadcast into every head: the model would route with centroids it was never trained with."""
+    rewrite_tensors(adapter, lambda t: t.update({name: t[name][:1] for name in t if name.endswith("centroids")}))
+    message = fails_cleanly(adapter, r"layers\.0\.centroids has shape \(1, 4, 16\)")
+    assert WEIGHTS_NAME in message and "(2, 4, 16)" in message
+
+
+def test_another_group_count_in_the_tensors_is_refused(adapter):
+    rewrite_tensors(adapter, lambda t: t.update({name: torch.cat([t[name], t[name]], dim=1) for name in t}))
+    fails_cleanly(adapter, r"has shape \(2, 8, 16\)")
+
+
+def test_missing_extra_integer_and_non_finite_tensors_are_refused(adapter, tmp_path):
+    original = load_file(str(adapter / WEIGHTS_NAME))
+    cases = {
+        "lacks 'layers.1.group_bias'": lambda t: t.pop("layers.1.group_bias"),
+        "unexpected tensor 'layers.2.centroids'": lambda t: t.update({"layers.2.centroids": t["layers.0.centroids"].clone()}),
+        "is torch.int64, not a floating-point": lambda t: t.update({"layers.0.group_bias": torch.zeros(2, 4, dtype=torch.long)}),
+        "holds NaN or infinite values": lambda t: t["layers.1.centroids"].__setitem__((0, 0, 0), float("nan")),
+    }
+    for expected, change in cases.items():
+        save_file(dict(original), str(adapter / WEIGHTS_NAME))
+        rewrite_tensors(adapter, change)
+        fails_cleanly(adapter, expected)
+
+
+def test_a_truncated_config_or_tensor_file_names_the_file(adapter):
+    config = (adapter / CONFIG_NAME).read_text()
+    (adapter / CONFIG_NAME).write_text(config[: len(config) // 2])
+    assert CONFIG_NAME in fails_cleanly(adapter, "is not valid JSON")
+    (adapter / CONFIG_NAME).write_text(config)
+    weights = (adapter / WEIGHTS_NAME).read_bytes()
+    (adapter / WEIGHTS_NAME).write_bytes(weights[: len(weights) // 2])
+    fails_cleanly(adapter, "cannot be read")
+    (adapter / CONFIG_NAME).write_text(json.dumps({**json.loads(config), "focus_config": {"windw": 3}}))
+    fails_cleanly(adapter, "unknown FocusConfig key 'windw'")
+
+
+def test_another_model_type_warns_and_strict_refuses(adapter):
+    """A tiny Qwen2 has the tiny Llama's shapes: the adapter fits, but was trained for another model."""
+    qwen2 = tiny_model("qwen2", seed=0)
+    with pytest.warns(UserWarning, match="saved from model type 'llama', this model is 'qwen2'"):
+        load_focus(qwen2, adapter)
+    assert has_focus(qwen2)
+    fails_cleanly(adapter, "model type 'llama', this model is 'qwen2'", model_family="qwen2", strict=True)
+
+
+def test_another_hub_model_warns_but_local_names_are_not_compared(adapter):
+    record = json.loads((adapter / CONFIG_NAME).read_text())
+    (adapter / CONFIG_NAME).write_text(json.dumps({**record, "base_model": "someone/llama-a"}))
+    model = tiny_model("llama", seed=0)
+    model.config._name_or_path = "someone/llama-b"
+    with pytest.warns(UserWarning, match="base model 'someone/llama-a', this model is 'someone/llama-b'"):
+        load_focus(model, adapter)
+    local = tiny_model("llama", seed=0)
+    local.config._name_or_path = "/some/folder/llama"  # a folder here says nothing about the hub id saved
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_focus(local, adapter)
