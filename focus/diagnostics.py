@@ -5,6 +5,8 @@ pretrained attention weights beside the hard top-k pattern routed from the same 
 pairs (beyond the window, sink keys excluded: those are the pairs routing decides), it reports the share of the
 attention mass the pattern keeps (recall) and the share of the pairs it keeps (what it costs). A routing that keeps
 more mass at the same cost loses less when it sparsifies; a routing no better than chance keeps as much mass as pairs.
+The oracle keeps, in every query row, the same number of distant pairs as the pattern but the heaviest ones: no
+routing can recall more at that cost, so recall / oracle recall is how much of the possible a routing achieves.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from .retrofit import attention_modules, has_focus
 from .routing import top_k_groups
 
 _RECALL = "focus_recall"
-_TALLY = "_focus_recall_tally"  # per module: mass kept, mass on distant pairs, pairs kept, distant pairs
+_TALLY = "_focus_recall_tally"  # per module: mass kept, distant mass, pairs kept, distant pairs, all mass, oracle mass
 
 
 @torch.no_grad()
@@ -34,14 +36,15 @@ def distant_attention_recall(model: PreTrainedModel, rows: torch.Tensor, batch_s
         rows: (N, L) token ids, unpadded.
     Returns:
         {"recall": distant attention mass kept / distant attention mass, "kept": distant pairs kept / distant
-         pairs, "distant_mass": share of all attention mass on distant pairs, "layers": [the same per layer]};
-        sums over every query head, query and row.
+         pairs, "oracle_recall": the mass of the heaviest distant pairs, as many per query row as the pattern keeps
+         there, / distant mass, "distant_mass": share of all attention mass on distant pairs, "layers": [the same
+         per layer]}; sums over every query head, query and row.
     """
     if not has_focus(model):
         raise ValueError("distant_attention_recall needs a model with Focus applied")
     modules = attention_modules(model)
     for module in modules:
-        setattr(module, _TALLY, torch.zeros(5, dtype=torch.float64))
+        setattr(module, _TALLY, torch.zeros(6, dtype=torch.float64))
     AttentionInterface.register(_RECALL, _recall_attention)
     AttentionMaskInterface.register(_RECALL, sdpa_mask)
     current = model.config._attn_implementation
@@ -58,9 +61,9 @@ def distant_attention_recall(model: PreTrainedModel, rows: torch.Tensor, batch_s
 
 
 def _shares(tally: torch.Tensor) -> dict[str, float]:
-    kept_mass, distant_mass, kept_pairs, distant_pairs, all_mass = tally.tolist()
+    kept_mass, distant_mass, kept_pairs, distant_pairs, all_mass, oracle_mass = tally.tolist()
     return {"recall": kept_mass / max(distant_mass, 1e-30), "kept": kept_pairs / max(distant_pairs, 1),
-            "distant_mass": distant_mass / max(all_mass, 1e-30)}
+            "oracle_recall": oracle_mass / max(distant_mass, 1e-30), "distant_mass": distant_mass / max(all_mass, 1e-30)}
 
 
 def _recall_attention(module: nn.Module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None,
@@ -87,10 +90,15 @@ def _recall_attention(module: nn.Module, query, key, value, attention_mask, scal
         logits = softcap * torch.tanh(logits / softcap)
     weights = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1).nan_to_num(0.0)  # (B, H, Q, L)
     distant = distant.expand_as(weights)
+    kept_distant = kept & distant
+    # The oracle: per query row, the heaviest distant pairs, as many as the pattern keeps in that row.
+    ranked = weights.masked_fill(~distant, -1.0).sort(dim=-1, descending=True).values.clamp_min(0.0)
+    count = kept_distant.sum(dim=-1, keepdim=True)  # (B, H, Q, 1)
+    oracle = (ranked * (torch.arange(k_len, device=query.device) < count)).sum()
     tally = getattr(module, _TALLY)
     tally += torch.tensor([
-        (weights * (kept & distant)).sum().item(), (weights * distant).sum().item(),
-        (kept & distant).sum().item(), distant.sum().item(), weights.sum().item(),
+        (weights * kept_distant).sum().item(), (weights * distant).sum().item(),
+        kept_distant.sum().item(), distant.sum().item(), weights.sum().item(), oracle.item(),
     ], dtype=torch.float64)
     out = unmodified_attention(query, key, value, base_mask, scaling, dropout, softcap)
     return out.transpose(1, 2).contiguous(), None

@@ -88,6 +88,7 @@ def study_frame(
         if "distant_attention" in record:  # focus.diagnostics: what the hard pattern keeps of the pretrained attention
             row["distant_recall"] = record["distant_attention"]["recall"]
             row["distant_kept"] = record["distant_attention"]["kept"]
+            row["distant_oracle_recall"] = record["distant_attention"]["oracle_recall"]
     frame = pd.DataFrame(list(rows.values()))
     pretrained = frame.loc[0, f"{domain}_validation"] if f"{domain}_validation" in frame else None
     for mode in ("soft", "hard"):
