@@ -55,7 +55,7 @@ def test_study_profile_resolves_its_designs_and_the_splits_they_are_chosen_on():
     variants = profile["models"]["smollm2"]["variants"]
     assert variants["key_routing"]["route_queries"] == "key" and variants["query"]["route_queries"] == "query"
     assert variants["query_unrotated"]["unrotate"] and variants["query_neutral"]["gate"] == "neutral"
-    assert variants["query_w256"]["window"] == 256 and variants["query_t005"]["temperature"] == 0.05
+    assert variants["query_neutral_w256"]["window"] == 256 and variants["query_neutral_t005"]["temperature"] == 0.05
     assert profile["models"]["smollm2"]["centroids"]["steps"] == 300  # 10x the tiny profile's budget
     assert profile["perplexity"]["validation_domains"] == ["books"]  # WikiText-2 has no validation split here
     assert profile["study"] == {"model": "smollm2", "baseline": "key_routing", "domain": "books"}
