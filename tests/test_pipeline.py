@@ -293,7 +293,7 @@ def test_forcerun_rebuilds_only_the_rule_and_its_dependants(mini_run):
 def test_killed_training_job_resumes_from_its_checkpoint(tmp_path):
     config = json.loads(json.dumps(MINI))
     config.update(name="resume", models={"tiny-llama": {"source": "tiny:llama"}})
-    for section in ("benchmark", "lora", "harness", "long_context", "interpret"):
+    for section in ("benchmark", "lora", "harness", "long_context", "interpret", "study"):
         config.pop(section)
     config["train"].update(full_finetune=None, seq_len=64)
     config["train"]["centroids"].update(steps=300, checkpoint_every=20, log_every=10)
