@@ -113,13 +113,16 @@ def focus_attention(
     config: FocusConfig = module.focus_config
     q_len, k_len = query.shape[-2], key.shape[-2]
     base_mask = None if attention_mask is None else attention_mask[..., :k_len]
+    trace = getattr(module, TRACE_ATTRIBUTE, None)
+    if config.window >= k_len and trace is None:
+        # Every pair the model allows is local: Focus is exactly the model's own attention, and nothing routes.
+        out = unmodified_attention(query, key, value, base_mask, scaling, dropout, softcap)
+        return out.transpose(1, 2).contiguous(), None
     positions = key_positions(kwargs.get("position_ids"), k_len, key.device)
     key_vectors = routing_vectors(module, key if config.route_on == "key" else value, positions)
-    trace = getattr(module, TRACE_ATTRIBUTE, None)
     if trace is not None:
         trace.append(layer_routing_logits(module, key_vectors))
     if config.window >= k_len:
-        # Every pair the model allows is local: Focus is exactly the model's own attention.
         out = unmodified_attention(query, key, value, base_mask, scaling, dropout, softcap)
         return out.transpose(1, 2).contiguous(), None
 

@@ -64,7 +64,7 @@ def verify_mirror_file(path: str | Path) -> None:
 
     Size and row count are checked every time (a file cut at a line end keeps valid rows, only fewer of them); the
     sha256 once per file version: a match is remembered by (size, mtime) in `<focus cache>/mirror_checks.json`, so
-    the second check of an unchanged file costs a stat and a line count.
+    the first check of an unchanged file in a new process costs a line count, and later ones in it a stat.
 
     Raises:
         MirrorError: the file is not listed in MANIFEST.json, or its size, rows or sha256 differ (one line naming
@@ -79,12 +79,20 @@ def verify_mirror_file(path: str | Path) -> None:
     if entry is None:
         raise MirrorError(f"{path}: not listed in {root / _MANIFEST}")
     stat = path.stat()
-    if stat.st_size != entry["bytes"]:
-        raise MirrorError(f"{path}: {stat.st_size:,} bytes, {_MANIFEST} says {entry['bytes']:,}; the file is damaged")
+    _verify_version(str(path), stat.st_size, stat.st_mtime_ns, str(root / _MANIFEST))
+
+
+@functools.lru_cache(maxsize=64)
+def _verify_version(file: str, size: int, mtime_ns: int, manifest: str) -> None:
+    """`verify_mirror_file` of one file version, done once per process (only a passing check is remembered)."""
+    path = Path(file)
+    entry = _manifest_entries(manifest)[path.relative_to(Path(manifest).parent).as_posix()]
+    if size != entry["bytes"]:
+        raise MirrorError(f"{path}: {size:,} bytes, {_MANIFEST} says {entry['bytes']:,}; the file is damaged")
     rows = _row_count(path, entry.get("kind"))
     if entry.get("rows") is not None and rows != entry["rows"]:
         raise MirrorError(f"{path}: {rows:,} rows, {_MANIFEST} says {entry['rows']:,}; the file is damaged")
-    _check_sha256(path, entry["sha256"], stat)
+    _check_sha256(path, entry["sha256"], size, mtime_ns)
 
 
 def _row_count(path: Path, kind: str | None) -> int:
@@ -102,14 +110,14 @@ def _manifest_entries(manifest: str) -> dict[str, dict]:
     return {entry["file"]: entry for entry in json.loads(Path(manifest).read_text()).get("files", [])}
 
 
-def _check_sha256(path: Path, expected: str, stat) -> None:
+def _check_sha256(path: Path, expected: str, size: int, mtime_ns: int) -> None:
     import hashlib
     import json
 
     from .files import write_json
     from .models import focus_cache_dir
 
-    version = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": expected}
+    version = {"size": size, "mtime_ns": mtime_ns, "sha256": expected}
     record = focus_cache_dir() / "mirror_checks.json"
     try:
         checked = json.loads(record.read_text())

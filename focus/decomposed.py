@@ -140,8 +140,8 @@ class _Entries(NamedTuple):
     lengths: list[int]  # segment lengths, in row order
 
 
-def _subset_codes(groups: torch.Tensor, base: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every non-empty subset of each token's k groups as a code, with its inclusion-exclusion sign: (B, K, L, S) each.
+def _subset_codes(groups: torch.Tensor, base: int) -> torch.Tensor:
+    """Every non-empty subset of each token's k groups as a code: (B, K, L, S).
 
     A code is the base-(G+1) number of the subset's sorted members plus one, so equal subsets of different tokens (or
     of a query and a key) get equal codes.
@@ -154,9 +154,7 @@ def _subset_codes(groups: torch.Tensor, base: int) -> tuple[torch.Tensor, torch.
         for slot in members:
             code = code * base + groups[..., slot] + 1
         codes.append(code)
-    code = torch.stack(codes, dim=-1)
-    sign = torch.tensor([1 if len(m) % 2 else -1 for m in subsets], device=groups.device).expand_as(code)
-    return code, sign
+    return torch.stack(codes, dim=-1)
 
 
 def _group_entries(groups_q: torch.Tensor, groups_k: torch.Tensor, valid: torch.Tensor, sinks: torch.Tensor) -> _Entries:
@@ -170,17 +168,17 @@ def _group_entries(groups_q: torch.Tensor, groups_k: torch.Tensor, valid: torch.
     keep = valid[:, None, :, None]
 
     def rows(groups, is_query, is_key):
-        code, sign = _subset_codes(groups, base)
+        code = _subset_codes(groups, base)
         mask = keep.expand_as(code)
         count = int(mask.sum())
-        return (head.expand_as(code)[mask], code[mask], position.expand_as(code)[mask], sign[mask],
+        return (head.expand_as(code)[mask], code[mask], position.expand_as(code)[mask],
                 torch.full((count,), is_query, device=device), torch.full((count,), is_key, device=device))
 
     if groups_q is groups_k:  # one group set per token: every row is a query and a key of its segment
         parts = [rows(groups_k, True, True)]
     else:
         parts = [rows(groups_q, True, False), rows(groups_k, False, True)]
-    head, code, position, sign, member, is_key = (torch.cat(column) for column in zip(*parts))
+    head, code, position, member, is_key = (torch.cat(column) for column in zip(*parts))
 
     if sinks.any():
         # Sink keys join, as keys, every segment of their sequence.
@@ -191,7 +189,6 @@ def _group_entries(groups_q: torch.Tensor, groups_k: torch.Tensor, valid: torch.
         count = pair_seg.numel()
         head, code = torch.cat([head, seg_head[pair_seg]]), torch.cat([code, seg_code[pair_seg]])
         position = torch.cat([position, sink_pos[pair_sink]])
-        sign = torch.cat([sign, _code_sign(seg_code[pair_seg], base)])
         member = torch.cat([member, torch.zeros(count, dtype=torch.bool, device=device)])
         is_key = torch.cat([is_key, torch.ones(count, dtype=torch.bool, device=device)])
 
@@ -201,21 +198,21 @@ def _group_entries(groups_q: torch.Tensor, groups_k: torch.Tensor, valid: torch.
     unique, inverse = torch.unique(keys, return_inverse=True)
     member = torch.zeros(unique.numel(), dtype=torch.long, device=device).index_add_(0, inverse, member.long()) > 0
     is_key = torch.zeros(unique.numel(), dtype=torch.long, device=device).index_add_(0, inverse, is_key.long()) > 0
-    sign = torch.zeros(unique.numel(), dtype=sign.dtype, device=device).scatter_(0, inverse, sign)  # one per subset
     segment = unique // length
     # A segment without a query merges nothing and one without a key attends to nothing: drop both.
     _, seg_index, sizes = torch.unique_consecutive(segment, return_inverse=True, return_counts=True)
     has = torch.zeros(sizes.numel(), 2, dtype=torch.long, device=device)
     has.index_add_(0, seg_index, torch.stack([member, is_key], dim=1).long())
     useful = (has > 0).all(dim=1)[seg_index]
-    unique, member, is_key, sign, segment = unique[useful], member[useful], is_key[useful], sign[useful], segment[useful]
+    unique, member, is_key, segment = unique[useful], member[useful], is_key[useful], segment[useful]
     _, lengths = torch.unique_consecutive(segment, return_counts=True)
     head, position = unique // length // code_span, unique % length
-    return _Entries(head, position, sign, member, is_key, lengths.tolist())
+    return _Entries(head, position, _subset_sign(segment % code_span, base), member, is_key, lengths.tolist())
 
 
-def _code_sign(code: torch.Tensor, base: int) -> torch.Tensor:
-    """The inclusion-exclusion sign of subsets given by code: + for an odd number of members, - for an even one."""
+def _subset_sign(code: torch.Tensor, base: int) -> torch.Tensor:
+    """The inclusion-exclusion sign of the subsets given by `code`: +1 for an odd number of groups, -1 for an even one.
+    A code holds one nonzero base-`base` digit per group of its subset."""
     size = torch.zeros_like(code)
     rest = code.clone()
     while bool((rest > 0).any()):

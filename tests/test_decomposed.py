@@ -56,31 +56,20 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("routing", ["key", "query"])
 @pytest.mark.parametrize("backend", available_backends("cpu"))
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_matches_the_dense_reference(case, backend, one_thread):
+def test_matches_the_dense_reference(case, backend, routing, one_thread):
+    """routing "query": each query head has groups of its own (route_queries="query"), so segments hold queries and
+    keys that differ."""
     spec = dict(CASES[case])
     window, sink_tokens = spec.pop("window"), spec.pop("sink_tokens")
     pad, empty = spec.pop("pad", 0), spec.pop("empty", ())
     query, key, value, groups, valid = inputs(**spec, pad=pad, empty=empty)
-    sinks = sink_keys(valid, valid.shape[1], sink_tokens) if sink_tokens else None
-    expected = reference(query, key, value, groups, spec["num_groups"], window, valid, sinks)
-    got = decomposed_hard_attention(query, key, value, groups, window, valid, sinks, backend=backend, block=16)
-    rows = valid[:, None, :, None].expand_as(got)
-    torch.testing.assert_close(got[rows], expected[rows], atol=2e-6, rtol=1e-5)
-    assert (got[~rows] == 0).all()
-
-
-@pytest.mark.parametrize("backend", available_backends("cpu"))
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_query_routed_pattern_matches_the_dense_reference(case, backend, one_thread):
-    """Each query head with groups of its own (route_queries="query"): segments hold queries and keys that differ."""
-    spec = dict(CASES[case])
-    window, sink_tokens = spec.pop("window"), spec.pop("sink_tokens")
-    pad, empty = spec.pop("pad", 0), spec.pop("empty", ())
-    query, key, value, groups, valid = inputs(**spec, pad=pad, empty=empty)
-    gen = torch.Generator().manual_seed(11)
-    query_groups = random_groups(spec["b"], spec["h"], spec["length"], spec["num_groups"], spec["top_k"], gen, empty)
+    query_groups = None
+    if routing == "query":
+        gen = torch.Generator().manual_seed(11)
+        query_groups = random_groups(spec["b"], spec["h"], spec["length"], spec["num_groups"], spec["top_k"], gen, empty)
     sinks = sink_keys(valid, valid.shape[1], sink_tokens) if sink_tokens else None
     expected = reference(query, key, value, groups, spec["num_groups"], window, valid, sinks, query_groups=query_groups)
     got = decomposed_hard_attention(query, key, value, groups, window, valid, sinks, backend=backend, block=16,
