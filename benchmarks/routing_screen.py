@@ -29,10 +29,10 @@ from focus.report import markdown_table
 from focus.training import evaluate_loss
 
 DESIGNS = {
-    "key routing (a query takes its key's groups)": {"route_queries": "key"},
+    "key routing (a query takes its key's groups)": {"route_queries": "key", "unrotate": False},
     "key routing, rotary undone": {"route_queries": "key", "unrotate": True},
-    "key routing on values": {"route_queries": "key", "route_on": "value"},
-    "query routing": {"route_queries": "query"},
+    "key routing on values": {"route_queries": "key", "route_on": "value", "unrotate": False},
+    "query routing": {"route_queries": "query", "unrotate": False},
     "query routing, rotary undone": {"route_queries": "query", "unrotate": True},
 }
 

@@ -95,7 +95,7 @@ def read_adapter_config(directory: str | Path) -> dict:
 
 # FocusConfig fields added after adapters were first written, with the value every older adapter was trained with
 # (not today's default, which may differ).
-_LEGACY_FIELDS = {"route_queries": "key"}
+_LEGACY_FIELDS = {"route_queries": "key", "unrotate": False, "gate": "overlap"}
 
 
 def load_focus(model: PreTrainedModel, directory: str | Path, strict: bool = False) -> PreTrainedModel:

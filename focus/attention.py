@@ -13,6 +13,7 @@ from torch import nn
 
 from .config import FocusConfig
 from .decomposed import decomposed_hard_attention
+from .decoding import GroupIndex, index_new_keys, sparse_decode_attention, take_cache_index
 from .distributed import average_across_processes
 from .reference import causal_pairs, dense_attention, hard_allowed, sink_keys, soft_bias, split_query_heads
 from .routing import inference_log_assign, routing_logits, sinkhorn, top_k_groups, undo_rotary
@@ -114,11 +115,21 @@ def focus_attention(
     q_len, k_len = query.shape[-2], key.shape[-2]
     base_mask = None if attention_mask is None else attention_mask[..., :k_len]
     trace = getattr(module, TRACE_ATTRIBUTE, None)
+    positions = key_positions(kwargs.get("position_ids"), k_len, key.device)
+    index = take_cache_index(module)  # a FocusCache's group index of this layer's cached keys, or None
+    if index is not None:
+        past = k_len - q_len
+        new_vectors = routing_vectors(module, (key if config.route_on == "key" else value)[:, :, past:], positions[:, past:])
+        index_new_keys(module, index, new_vectors, past, None if base_mask is None else base_mask.any(dim=-2)[:, 0, past:])
     if config.window >= k_len and trace is None:
         # Every pair the model allows is local: Focus is exactly the model's own attention, and nothing routes.
         out = unmodified_attention(query, key, value, base_mask, scaling, dropout, softcap)
         return out.transpose(1, 2).contiguous(), None
-    positions = key_positions(kwargs.get("position_ids"), k_len, key.device)
+    if index is not None and q_len == 1 and config.mode == "hard" and trace is None and _decodable(
+        key, softcap, dropout, kwargs.get("sliding_window")
+    ):
+        out = _sparse_step(module, query, key, value, index, base_mask, positions, scaling)
+        return out.transpose(1, 2).contiguous(), None
     key_vectors = routing_vectors(module, key if config.route_on == "key" else value, positions)
     if trace is not None:
         trace.append(layer_routing_logits(module, key_vectors))
@@ -130,7 +141,8 @@ def focus_attention(
     if config.mode == "soft":
         bias, allowed = soft_bias(log_p_q, log_p, config.window, base_mask, config.gate_floor, sinks, config.gate)
     else:
-        groups = top_k_groups(log_p, config.top_k)
+        # A FocusCache's index holds every cached key's groups, assigned once: the whole generation sees one.
+        groups = top_k_groups(log_p, config.top_k) if index is None else index.groups(k_len).clamp_min(0)
         query_groups = top_k_groups(log_p_q, config.top_k) if config.route_queries == "query" else None
         if _decomposable(query, key, softcap, dropout, kwargs.get("sliding_window")):
             out = decomposed_hard_attention(query, key, value, groups, config.window, valid, sinks, scaling,
@@ -170,6 +182,33 @@ def route_call(
         log_p_q = log_p[:, :, k_len - q_len :]  # (B, K, Q, G): a query token is routed by its own key
     sinks = sink_keys(valid, k_len, config.sink_tokens, key_vectors.device) if config.sink_tokens else None
     return valid, log_p_q, log_p, sinks
+
+
+def _sparse_step(
+    module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, index: GroupIndex,
+    base_mask: torch.Tensor | None, positions: torch.Tensor, scaling: float | None,
+) -> torch.Tensor:
+    """One decoding step (a query token per row) read through the cache's group index: (B, H, 1, D)."""
+    config: FocusConfig = module.focus_config
+    k_heads, k_len = key.shape[1], key.shape[2]
+    if config.route_queries == "query":
+        query_vectors = routing_vectors(module, query, positions[:, -1:])
+        query_groups = top_k_groups(route_queries(module, query_vectors, k_heads), config.top_k)[:, :, 0]
+    else:  # the groups of the query's own key, the last one indexed
+        query_groups = index.key_groups[:, :, index.length - 1].long().repeat_interleave(query.shape[1] // k_heads, 1)
+    window_valid = None if base_mask is None else base_mask[:, 0, -1, max(k_len - config.window, 0) :]
+    return sparse_decode_attention(query, key, value, index, query_groups, config.window, window_valid, scaling)
+
+
+def _decodable(key, softcap, dropout, sliding_window) -> bool:
+    """Whether the sparse decoding step computes this call: no gradient, no soft-capping, no model window shorter
+    than the cache (its mask is then only causal plus padding, which the index and the window mask hold)."""
+    return (
+        softcap is None
+        and dropout == 0.0
+        and (sliding_window is None or sliding_window >= key.shape[-2])
+        and not (torch.is_grad_enabled() and key.requires_grad)
+    )
 
 
 def _decomposable(query, key, softcap, dropout, sliding_window) -> bool:

@@ -100,7 +100,8 @@ def prefill_rows(
     routings: tuple[str, ...] = ("key",),
 ) -> list[dict]:
     """Whole-prompt forward of `model` (random token ids, no KV cache, logits of the last token only):
-    unmodified against Focus hard top-k for each (groups, window, top_k) and routing (`route_queries`). Focus is
+    unmodified against Focus hard top-k for each (groups, window, top_k) and routing: "key" is the old default
+    (`route_queries="key"`, rotary kept), "query" today's (`route_queries="query"`, rotary undone). Focus is
     applied with random-token k-means centroids (speed does not depend on training) and removed again afterwards."""
     from .config import FocusConfig
     from .retrofit import apply_focus, remove_focus
@@ -122,7 +123,8 @@ def prefill_rows(
 
         base_s, base_mem = median_seconds(forward, repeats, device)
         for (num_groups, window, top_k), routing in itertools.product(focus_settings, routings):
-            config = FocusConfig(num_groups=num_groups, window=window, top_k=top_k, mode="hard", route_queries=routing)
+            config = FocusConfig(num_groups=num_groups, window=window, top_k=top_k, mode="hard", route_queries=routing,
+                                 unrotate=routing == "query")
             apply_focus(model, config, calibration_ids=ids[:, :512])
             try:
                 focus_s, focus_mem = median_seconds(forward, repeats, device)

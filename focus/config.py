@@ -127,7 +127,7 @@ class FocusConfig:
         },
     )
     route_queries: Literal["key", "query"] = field(
-        default="key",
+        default="query",
         metadata={
             "help": "How a query token picks its groups: 'key' takes the groups of its own key (key-key similarity; "
             "one group set per token); 'query' routes each query head's query vector against the same centroids, "
@@ -136,7 +136,7 @@ class FocusConfig:
         },
     )
     unrotate: bool = field(
-        default=False,
+        default=True,
         metadata={
             "help": "Route on keys and queries with the rotary position embedding undone (exact, from each token's "
             "position), so that groups follow content rather than position. Models without rotary embeddings "
@@ -188,7 +188,8 @@ class FocusConfig:
             raise ConfigError(f"FocusConfig.route_queries='query' needs window >= 1, got {self.window}")
         if self.route_queries == "query" and self.route_on != "key":
             raise ConfigError(
-                f"FocusConfig.route_queries='query' needs route_on='key' (queries live in key space), got {self.route_on!r}"
+                f"FocusConfig.route_queries='query' needs route_on='key' (queries live in key space), got "
+                f"{self.route_on!r}; to route on {self.route_on}s, set route_queries='key' and unrotate=False"
             )
         if self.unrotate and self.route_on != "key":
             raise ConfigError(f"FocusConfig.unrotate needs route_on='key' (values carry no rotation), got {self.route_on!r}")

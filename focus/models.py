@@ -15,6 +15,7 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -67,6 +68,7 @@ def load_model(
     """
     source = os.fspath(source)
     path = Path(source).expanduser()
+    _warn_slow_cpu_dtype(dtype, device)
     if source.startswith(TINY_PREFIX):
         tokenizer = AutoTokenizer.from_pretrained(packaged_smollm2_folder())
         model = tiny_model(source[len(TINY_PREFIX) :], dtype=dtype, vocab_size=len(tokenizer))
@@ -107,6 +109,17 @@ def load_model(
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     return (model if device == SPREAD else model.to(device)).eval(), tokenizer
+
+
+def _warn_slow_cpu_dtype(dtype: torch.dtype, device: str | torch.device) -> None:
+    """Warn where a half-precision model would run on a CPU that has no native instructions for it: without
+    AVX-512 (BF16) or AMX, PyTorch multiplies bfloat16 matrices in a scalar loop, tens of times slower than float32
+    (a SmolLM2 centroid step went from about 10 s to over 170 s on an AVX2 AMD EPYC)."""
+    if dtype in (torch.bfloat16, torch.float16) and torch.device(_one_device(device)).type == "cpu":
+        capability = torch.backends.cpu.get_cpu_capability()
+        if not capability.startswith(("AVX512", "AMX")):
+            warnings.warn(f"{dtype} on a CPU with {capability} only: matrix products fall back to a scalar loop, tens "
+                          "of times slower than float32; use dtype float32 on this machine", stacklevel=3)
 
 
 def inference_device() -> torch.device | str:

@@ -80,13 +80,24 @@ def soft_gate(log_p_q: torch.Tensor, log_p_k: torch.Tensor, floor: float, form: 
     Returns:
         (B, K or H, Q, L) float32, the head axis of `log_p_q`.
     """
-    p_q = split_query_heads(log_p_q.float().exp(), log_p_k.shape[1])  # (B, K, R, Q, G)
-    same_group = torch.einsum("bkrqg,bklg->bkrql", p_q, log_p_k.float().exp()).flatten(1, 2)
+    p_q = split_query_heads(_probabilities(log_p_q), log_p_k.shape[1])  # (B, K, R, Q, G)
+    same_group = torch.einsum("bkrqg,bklg->bkrql", p_q, _probabilities(log_p_k)).flatten(1, 2)
     if form == "overlap":
         return same_group.clamp_min(floor).log()
     if form == "neutral":
         return (same_group * log_p_k.shape[-1]).clamp_min(floor).log().clamp_max(0.0)
     raise ValueError(f"unknown soft gate {form!r}")
+
+
+_NEGLIGIBLE_LOG_P = -30.0
+"""Log-probabilities below this count as 0 in `soft_gate`: then every product of two is a normal float (>= e^-60),
+never a subnormal one, which x86 CPUs without flush-to-zero compute tens of times slower (a 2.8x slower training
+step on an AMD EPYC). The largest term dropped, e^-30 ~ 1e-13, is far below any gate floor."""
+
+
+def _probabilities(log_p: torch.Tensor) -> torch.Tensor:
+    log_p = log_p.float()
+    return torch.where(log_p > _NEGLIGIBLE_LOG_P, log_p.exp(), torch.zeros((), device=log_p.device))
 
 
 def shared_group(groups_q: torch.Tensor, groups_k: torch.Tensor, num_groups: int) -> torch.Tensor:

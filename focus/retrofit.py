@@ -114,8 +114,9 @@ def apply_focus(
     kv_heads, head_dim = head_shape(model)
     sets = 1 if config.shared_centroids else kv_heads
     if config.unrotate and rotary_frequencies(model, modules[0]) is None:
-        warnings.warn(f"apply_focus: unrotate=True, but {type(model).__name__} has no rotary embedding to undo; "
-                      "it routes on its keys as they are", stacklevel=2)
+        # Not a warning: unrotate is the default. Learned absolute positions (GPT-2) are mixed into the hidden
+        # state before the key projection, so there is no exact way to take them out.
+        logger.info("Focus: %s has no rotary embedding to undo; it routes on its keys as they are", type(model).__name__)
     for module in modules:
         device = next(module.parameters()).device  # its own: a model spread over GPUs has layers on each
         module.focus_config = config

@@ -84,7 +84,7 @@ def test_outputs_match_reference(case, training):
     mode, top_k, window, heads, kv_heads, pads, route_on, shared, sinks, route_queries, *gate = case
     config = FocusConfig(
         num_groups=4, top_k=top_k, window=window, mode=mode, route_on=route_on, shared_centroids=shared,
-        sink_tokens=sinks, route_queries=route_queries, gate=gate[0] if gate else "overlap",
+        sink_tokens=sinks, route_queries=route_queries, gate=gate[0] if gate else "overlap", unrotate=False,
     )
     layer = make_layer(config, kv_heads, 8)
     q, key, v, mask = make_inputs(2, heads, kv_heads, 37, 8, pads)

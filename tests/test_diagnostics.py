@@ -49,7 +49,7 @@ def test_on_smollm2_query_routing_keeps_far_more_distant_attention_than_key_rout
     calibration, held_out = chunk_tokens(text, 256)[:4], chunk_tokens(text, 256)[4:6]
     found = {}
     for routing in ("key", "query"):
-        apply_focus(model, FocusConfig(num_groups=16, top_k=2, window=32, route_queries=routing),
+        apply_focus(model, FocusConfig(num_groups=16, top_k=2, window=32, route_queries=routing, unrotate=False),
                     calibration_ids=calibration)
         try:
             found[routing] = distant_attention_recall(model, held_out, batch_size=2)

@@ -53,7 +53,7 @@ def routed(tiny_tokenizer):
     ids = torch.tensor(tiny_tokenizer(TEXT)["input_ids"])
     rows = held_out_rows(ids, 40, 160)
     model = tiny_model("llama")
-    apply_focus(model, FocusConfig(num_groups=GROUPS, window=8, top_k=2, route_on="value"), calibration_ids=rows)
+    apply_focus(model, FocusConfig(num_groups=GROUPS, window=8, top_k=2, route_on="value", route_queries="key", unrotate=False), calibration_ids=rows)
     gen = torch.Generator().manual_seed(1)
     for module in attention_modules(model):
         module.focus_group_bias.copy_(torch.randn(module.focus_group_bias.shape, generator=gen))

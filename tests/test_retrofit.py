@@ -155,10 +155,11 @@ def test_undo_rotary_inverts_the_models_rotary_embedding():
     torch.testing.assert_close(undo_rotary(rotated, positions, model.model.rotary_emb.inv_freq), x, atol=1e-5, rtol=1e-4)
 
 
-def test_gpt2_has_no_rotation_to_undo():
+def test_gpt2_has_no_rotation_to_undo(caplog):
     model = tiny_model("gpt2", seed=0)
-    with pytest.warns(UserWarning, match="no rotary embedding to undo"):
+    with caplog.at_level("INFO", logger="focus.retrofit"):
         apply_focus(model, FocusConfig(num_groups=4, route_queries="query", unrotate=True), init_centroids=False)
+    assert "no rotary embedding to undo" in caplog.text
 
 
 def test_adapters_written_before_query_routing_load_as_key_routed(tmp_path):
@@ -166,11 +167,13 @@ def test_adapters_written_before_query_routing_load_as_key_routed(tmp_path):
     apply_focus(model, FocusConfig(num_groups=4, window=3), init_centroids=False)
     save_focus(model, tmp_path)
     record = json.loads((tmp_path / "focus_config.json").read_text())
-    del record["focus_config"]["route_queries"]  # as an adapter of focus 0.1.0 wrote it
+    for added in ("route_queries", "unrotate", "gate"):  # as an adapter of focus 0.1.0 wrote it
+        del record["focus_config"][added]
     (tmp_path / "focus_config.json").write_text(json.dumps(record))
     fresh = tiny_model("llama", seed=0)
     load_focus(fresh, tmp_path)
-    assert focus_config(fresh).route_queries == "key"
+    config = focus_config(fresh)
+    assert (config.route_queries, config.unrotate, config.gate) == ("key", False, "overlap")
 
 
 def test_only_centroids_train_and_remove_restores_the_model_exactly():
@@ -256,6 +259,8 @@ def test_bad_input_gets_one_clear_error():
     with pytest.raises(ConfigError, match="route_queries='query' needs window >= 1"):
         FocusConfig(window=0, route_queries="query")
     with pytest.raises(ConfigError, match="unrotate needs route_on='key'"):
-        FocusConfig(route_on="value", unrotate=True)
+        FocusConfig(route_on="value", route_queries="key", unrotate=True)
+    with pytest.raises(ConfigError, match="route_queries='query' needs route_on='key'.*set route_queries='key'"):
+        FocusConfig(route_on="value")
     with pytest.raises(ConfigError, match="gate must be one of"):
         FocusConfig(gate="sigmoid")

@@ -1,0 +1,95 @@
+"""Sparse decoding through the cache's group index against the dense reference."""
+
+from unittest import mock
+
+import pytest
+import torch
+
+import focus.attention
+from focus import FocusConfig
+from focus.decoding import CACHE_INDEX_ATTRIBUTE, GroupIndex
+from test_attention import make_inputs, make_layer, reference_attention, run_focus
+
+CASES = {
+    # heads, kv_heads, top_k, window, sinks, pads, route_queries
+    "top1 mha": (3, 3, 1, 4, 1, (), "query"),
+    "top2 gqa": (6, 2, 2, 5, 1, (0, 7), "query"),
+    "top3 gqa sinks": (4, 1, 3, 3, 3, (4, 0), "query"),
+    "window 1": (4, 2, 2, 1, 0, (), "query"),
+    "window beyond": (4, 2, 2, 64, 1, (2, 0), "query"),
+    "key routed": (6, 2, 2, 5, 1, (0, 7), "key"),
+    "key routed window 0": (3, 3, 2, 0, 2, (3, 0), "key"),
+}
+
+
+def decode(layer, q, key, v, mask, prompt: int, chunk: int = 1):
+    """Rows prompt.. of the attention output, computed as generate() does: a prompt, then `chunk` tokens per call,
+    each call handed the index as FocusCache.update hands it."""
+    config = layer.focus_config
+    index = GroupIndex(q.shape[0], key.shape[1], config.num_groups, config.top_k, config.sink_tokens, q.device)
+    rows, length = [], q.shape[-2]
+    for begin, end in [(0, prompt)] + [(t, min(t + chunk, length)) for t in range(prompt, length, chunk)]:
+        setattr(layer, CACHE_INDEX_ATTRIBUTE, index)
+        step_mask = None if mask is None else mask[..., begin:end, :end]
+        rows.append(run_focus(layer, q[:, :, begin:end], key[:, :, :end], v[:, :, :end], step_mask, scaling=0.4))
+        assert index.length == end and getattr(layer, CACHE_INDEX_ATTRIBUTE) is None
+    return torch.cat(rows[1:], dim=2), index
+
+
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+@pytest.mark.parametrize("chunk", [1, 5])
+def test_decoding_through_the_index_matches_the_dense_reference(case, chunk):
+    heads, kv_heads, top_k, window, sinks, pads, route_queries = case
+    config = FocusConfig(num_groups=4, top_k=top_k, window=window, sink_tokens=sinks, mode="hard",
+                         route_queries=route_queries)
+    layer = make_layer(config, kv_heads, 8)
+    q, key, v, mask = make_inputs(2, heads, kv_heads, 41, 8, pads)
+    sparse = mock.patch.object(focus.attention, "sparse_decode_attention", wraps=focus.attention.sparse_decode_attention)
+    with torch.no_grad(), sparse as spy:
+        steps, index = decode(layer, q, key, v, mask, prompt=12, chunk=chunk)
+        expected = reference_attention(layer, q, key, v, mask, scaling=0.4)[:, :, 12:]
+    torch.testing.assert_close(steps, expected, atol=2e-5, rtol=1e-4)
+    one_token_steps = 0 if window >= 41 else (41 - 12 if chunk == 1 else 0)
+    assert spy.call_count == one_token_steps  # the sparse step ran where it applies, the dense path elsewhere
+
+
+def test_the_index_lists_each_real_key_under_its_groups_once():
+    config = FocusConfig(num_groups=4, top_k=2, window=3, sink_tokens=2, mode="hard", route_queries="query")
+    layer = make_layer(config, 2, 8)
+    q, key, v, mask = make_inputs(2, 4, 2, 30, 8, pads=(5, 0))
+    with torch.no_grad():
+        _, index = decode(layer, q, key, v, mask, prompt=9)
+    groups = index.groups()
+    assert (groups[0, :, :5] == -1).all() and (groups[0, :, 5:] >= 0).all() and (groups[1] >= 0).all()
+    for b in range(2):
+        for k in range(2):
+            for g in range(4):
+                listed = index.members[b, k, g, : index.counts[b, k, g]].tolist()
+                assert listed == [j for j in range(30) if g in groups[b, k, j].tolist()]
+    assert index.sinks.tolist() == [[5, 6], [0, 1]] and index.sink_last.tolist() == [6, 1]
+
+
+def test_truncating_the_index_rebuilds_it_as_if_built_to_that_length():
+    config = FocusConfig(num_groups=4, top_k=2, window=3, sink_tokens=1, mode="hard", route_queries="query")
+    layer = make_layer(config, 2, 8)
+    q, key, v, mask = make_inputs(2, 4, 2, 30, 8, pads=(3, 0))
+    with torch.no_grad():
+        _, full = decode(layer, q, key, v, mask, prompt=9)
+        _, short = decode(layer, q[:, :, :20], key[:, :, :20], v[:, :, :20], mask[..., :20, :20], prompt=9)
+    full.truncate(20)
+    assert full.length == 20
+    torch.testing.assert_close(full.groups(), short.groups())
+    torch.testing.assert_close(full.counts, short.counts)
+    torch.testing.assert_close(full.sinks, short.sinks)
+    for b, k, g in [(0, 0, 0), (1, 1, 3), (0, 1, 2)]:
+        count = int(full.counts[b, k, g])
+        assert full.members[b, k, g, :count].tolist() == short.members[b, k, g, :count].tolist()
+
+
+def test_an_index_behind_its_cache_is_refused():
+    config = FocusConfig(num_groups=4, top_k=1, window=2, mode="hard", route_queries="query")
+    layer = make_layer(config, 1, 8)
+    q, key, v, _ = make_inputs(1, 2, 1, 10, 8)
+    setattr(layer, CACHE_INDEX_ATTRIBUTE, GroupIndex(1, 1, 4, 1, 1, q.device))
+    with torch.no_grad(), pytest.raises(RuntimeError, match="holds 0 keys but the cache 9"):
+        run_focus(layer, q[:, :, -1:], key, v, None)
