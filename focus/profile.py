@@ -75,8 +75,12 @@ def resolve_profile(config: dict[str, Any], schema: dict[str, Any]) -> dict[str,
     bench = config.get("benchmark")
     if bench and bench.get("model") is not None and bench["model"] not in models:
         raise ConfigError(f"benchmark.model: {bench['model']!r} is not one of this profile's models {sorted(models)}")
-    for where in ("settings", "prefill_settings"):
-        for groups, window, top_k in (bench or {}).get(where, []):
+    decode = (bench or {}).get("decode") or {}
+    for where, settings in (("settings", (bench or {}).get("settings", [])),
+                            ("prefill_settings", (bench or {}).get("prefill_settings", [])),
+                            ("decode.settings", decode.get("settings", [])),
+                            ("decode.generate_settings", decode.get("generate_settings", []))):
+        for groups, window, top_k in settings:
             _focus_dict(f"benchmark.{where}", {"num_groups": groups, "window": window, "top_k": top_k})
     profile.update(_evaluation_sections(config, models, profile["methods"]))
     if config.get("interpret") is not None:

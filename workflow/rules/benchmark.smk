@@ -20,3 +20,28 @@ rule bench_attention:
     threads: workflow.cores  # alone on the machine: timings are not shared with other jobs
     script:
         "../scripts/bench_attention.py"
+
+
+if (BENCH or {}).get("decode"):
+
+    rule bench_decode:
+        """Hard Focus decoding through the cache's group index against full attention over the cache: one layer's
+        step and a model's generate()."""
+        conda:
+            ENVIRONMENT
+        output:
+            steps=report(f"{R}/bench/decode_step.csv", caption="../report/bench_decode_table.rst", category="Speed"),
+            steps_md=f"{R}/bench/decode_step.md",
+            generate=report(f"{R}/bench/generate.csv", caption="../report/bench_decode_table.rst", category="Speed"),
+            generate_md=f"{R}/bench/generate.md",
+            figure=report(f"{R}/figures/decode_speedup.png", caption="../report/decode_speedup_figure.rst",
+                          category="Speed"),
+            figure_svg=f"{R}/figures/decode_speedup.svg",
+        log:
+            f"{R}/logs/bench_decode.log",
+        params:
+            decode=BENCH["decode"],
+            model_source=bench_model_source,
+        threads: workflow.cores  # alone on the machine: timings are not shared with other jobs
+        script:
+            "../scripts/bench_decode.py"

@@ -118,6 +118,9 @@ FIGURES = {name: f"{R}/figures/{name}.png" for name in ("loss_curves", "perplexi
 if P.get("benchmark"):
     TABLES.update(speed_attention=f"{R}/bench/attention.csv", speed_prefill=f"{R}/bench/prefill.csv")
     FIGURES.update(speedup=f"{R}/figures/speedup.png")
+    if P["benchmark"].get("decode"):
+        TABLES.update(speed_decode=f"{R}/bench/decode_step.csv", speed_generate=f"{R}/bench/generate.csv")
+        FIGURES.update(decode_speedup=f"{R}/figures/decode_speedup.png")
 SCRATCH = P.get("scratch") or {}  # from-scratch comparison (workflow/rules/scratch.smk); resolved, every field set
 if SCRATCH:
     TABLES.update(scratch=f"{R}/tables/scratch.csv")

@@ -1,0 +1,53 @@
+"""Focus decoding through the cache's group index against full attention over the cache, timed in one process.
+
+    .venv/bin/python benchmarks/bench_decode.py                     # CPU: one layer 4K-64K, SmolLM2 generate 4K-16K
+    python benchmarks/bench_decode.py --device cuda --dtype bfloat16 --tag h100
+
+Writes <out>/decode_step_<tag>.{csv,md}, <out>/generate_<tag>.{csv,md} and <out>/decode_speedup_<tag>.{png,svg}.
+The pipeline's bench_decode rule runs the same code with a profile's `benchmark.decode` settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from focus.decode_benchmark import run_decode_benchmark
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cache-lengths", type=int, nargs="+", default=[4096, 8192, 16384, 32768, 65536])
+    parser.add_argument("--settings", nargs="+", default=["16:256:1", "16:256:2"], help="groups:window:top_k")
+    parser.add_argument("--head-layouts", nargs="+", default=["1:1", "9:3"], help="query heads:key/value heads")
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="'' to skip generate()")
+    parser.add_argument("--prompt-lengths", type=int, nargs="+", default=[4096, 8192, 16384])
+    parser.add_argument("--generate-settings", nargs="+", default=["16:256:1", "16:256:2"])
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--tag", default="cpu")
+    args = parser.parse_args()
+
+    def parse(settings):
+        return [[int(x) for x in s.split(":")] for s in settings]
+
+    settings = {
+        "cache_lengths": args.cache_lengths, "settings": parse(args.settings), "head_layouts": parse(args.head_layouts),
+        "head_dim": args.head_dim, "dtype": args.dtype, "repeats": args.repeats, "prompt_lengths": args.prompt_lengths,
+        "generate_settings": parse(args.generate_settings), "new_tokens": args.new_tokens,
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    steps, generated = out / f"decode_step_{args.tag}.csv", out / f"generate_{args.tag}.csv"
+    run_decode_benchmark(settings, args.model or None, steps, generated, out / f"decode_speedup_{args.tag}.png",
+                         args.device)
+    print(steps.with_suffix(".md").read_text())
+    print(generated.with_suffix(".md").read_text())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""Speed of Focus decoding through the cache's group index against full attention over the cache, both sides timed
+in one process.
+
+`decode_step_rows` times one attention layer's decoding step (a query token against a cache of L keys): SDPA over
+the whole cache against `sparse_decode_attention`, with the pair-count limit (cached keys / keys the step reads).
+`generate_rows` times a model's greedy decoding after a prompt: the unmodified model (DynamicCache, SDPA) against
+Focus hard through a `FocusCache`, in decoded tokens per second.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from .benchmark import balanced_groups, median_seconds
+from .decoding import FocusCache, GroupIndex, sparse_decode_attention
+
+
+def decode_step_rows(
+    cache_lengths: list[int],
+    settings: list[tuple[int, int, int]],
+    head_layouts: list[tuple[int, int]],
+    head_dim: int = 64,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    repeats: int = 5,
+    sink_tokens: int = 1,
+    progress: Callable[[str], None] = print,
+) -> list[dict]:
+    """One row per (cache length, (groups, window, top_k), (query heads, key/value heads)): the median seconds of one
+    decoding step, full SDPA over the cache against the sparse step, their ratio, the pair-count limit and the index's
+    size against the cache's. Groups are random and balanced, as trained groups are in expectation."""
+    device = torch.device(device)
+    rows = []
+    for length, (heads, k_heads) in ((n, layout) for n in cache_lengths for layout in head_layouts):
+        gen = torch.Generator().manual_seed(length)
+        q = torch.randn(1, heads, 1, head_dim, generator=gen).to(device, dtype)
+        key, value = (torch.randn(1, k_heads, length, head_dim, generator=gen).to(device, dtype) for _ in range(2))
+        full_s, _ = median_seconds(lambda: F.scaled_dot_product_attention(q, key, value, enable_gqa=True), repeats, device)
+        for num_groups, window, top_k in settings:
+            index = GroupIndex(1, k_heads, num_groups, top_k, sink_tokens, device)
+            index.extend(balanced_groups(length, num_groups, top_k, k_heads).to(device), None)
+            query_groups = balanced_groups(1, num_groups, top_k, heads, seed=1)[:, :, 0].to(device)  # (1, H, top_k)
+            focus_s, _ = median_seconds(
+                lambda: sparse_decode_attention(q, key, value, index, query_groups, window, None, None), repeats, device
+            )
+            read = keys_read(index, query_groups, window, length)
+            row = {
+                "cache": length, "heads": heads, "kv_heads": k_heads, "head_dim": head_dim,
+                "dtype": str(dtype).removeprefix("torch."), "groups": num_groups, "window": window, "top_k": top_k,
+                "full_s": full_s, "focus_s": focus_s, "speedup": full_s / focus_s, "pair_limit": length / read,
+                "index_share": index_share(index, key, value),
+            }
+            row["of_limit"] = row["speedup"] / row["pair_limit"]
+            rows.append(row)
+            progress(f"cache={length:>6} H={heads}/{k_heads} G={num_groups} w={window} k={top_k}: full {full_s * 1e3:.2f} ms "
+                     f"focus {focus_s * 1e3:.2f} ms -> {row['speedup']:.2f}x (pairs {row['pair_limit']:.2f}x)")
+    return rows
+
+
+def keys_read(index: GroupIndex, query_groups: torch.Tensor, window: int, length: int) -> float:
+    """Mean over query heads of the keys a step attends to: the window, the sinks before it, and the distinct
+    distant keys of the query's groups."""
+    k_heads = index.counts.shape[1]
+    r = query_groups.shape[1] // k_heads
+    groups = index.groups()[0]  # (K, L, top_k)
+    start = max(length - window, 0)
+    total = 0
+    for head in range(query_groups.shape[1]):
+        wanted = torch.isin(groups[head // r, :start], query_groups[0, head]).any(dim=-1)  # (start,)
+        wanted[: int(index.sink_last[0]) + 1] = True  # the sinks: every group
+        total += min(length, window) + int(wanted.sum())
+    return total / query_groups.shape[1]
+
+
+def index_share(index: GroupIndex, key: torch.Tensor, value: torch.Tensor) -> float:
+    """The index's bytes (growth headroom included) over the bytes of the keys and values it indexes."""
+    return index.nbytes() / (key.numel() * key.element_size() + value.numel() * value.element_size())
+
+
+@torch.no_grad()
+def generate_rows(
+    model,
+    prompt_lengths: list[int],
+    focus_settings: list[tuple[int, int, int]],
+    new_tokens: int = 32,
+    progress: Callable[[str], None] = print,
+) -> list[dict]:
+    """Greedy decoding of `new_tokens` after a random-token prompt: the unmodified model against Focus hard through a
+    FocusCache, per (groups, window, top_k). Prefill is timed apart; tokens per second count decoding alone. Focus is
+    applied with random-token k-means centroids (speed does not depend on training) and removed afterwards."""
+    from .config import FocusConfig
+    from .retrofit import apply_focus, remove_focus
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    limit = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    rows = []
+    for length in prompt_lengths:
+        ids = torch.randint(0, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(length))
+        ids = ids.to(device)
+        base_prefill, base_decode = _greedy_seconds(model, ids, new_tokens, DynamicCache(config=model.config))
+        short_decode = _greedy_seconds(model, ids[:, :16], new_tokens, DynamicCache(config=model.config))[1]
+        for num_groups, window, top_k in focus_settings:
+            apply_focus(model, FocusConfig(num_groups=num_groups, window=window, top_k=top_k, mode="hard"))
+            try:
+                cache = FocusCache(model)
+                focus_prefill, focus_decode = _greedy_seconds(model, ids, new_tokens, cache)
+                share = cache.index_nbytes() / sum(
+                    layer.keys.numel() * layer.keys.element_size() * 2 for layer in cache.layers if layer.is_initialized
+                )
+            finally:
+                remove_focus(model)
+            row = {
+                "prompt": length, "new_tokens": new_tokens, "groups": num_groups, "window": window, "top_k": top_k,
+                "beyond_position_limit": limit is not None and length + new_tokens > limit,
+                "unmodified_tok_s": new_tokens / base_decode, "focus_tok_s": new_tokens / focus_decode,
+                "decode_speedup": base_decode / focus_decode,
+                # The unmodified step's time beyond a 16-token prompt's is (about) its attention over the cache.
+                "attention_share": max(0.0, 1 - short_decode / base_decode),
+                "unmodified_prefill_s": base_prefill, "focus_prefill_s": focus_prefill, "index_share": share,
+            }
+            rows.append(row)
+            progress(f"prompt={length:>6} G={num_groups} w={window} k={top_k}: unmodified {row['unmodified_tok_s']:.1f} "
+                     f"tok/s, focus {row['focus_tok_s']:.1f} tok/s -> {row['decode_speedup']:.2f}x "
+                     f"(attention {row['attention_share']:.0%} of the unmodified step)")
+    return rows
+
+
+def _greedy_seconds(model, ids: torch.Tensor, new_tokens: int, cache) -> tuple[float, float]:
+    """(prefill seconds, seconds of `new_tokens` greedy steps) through `cache`."""
+    tic = time.perf_counter()
+    logits = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+    prefill = time.perf_counter() - tic
+    tic = time.perf_counter()
+    for _ in range(new_tokens):
+        token = logits[:, -1:].argmax(dim=-1)
+        logits = model(input_ids=token, past_key_values=cache, use_cache=True).logits
+    _sync(ids.device)
+    return prefill, time.perf_counter() - tic
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_decode_benchmark(
+    settings: dict, model_source: str | None, step_csv: str | Path, generate_csv: str | Path, figure: str | Path,
+    device: str | None = None,
+) -> None:
+    """The decoding benchmark from a profile's `benchmark.decode` section: one-layer step rows, model generate rows
+    (when `model_source` is given), their tables (CSV + Markdown headed by the machine) and the step figure."""
+    from .models import load_model
+    from .provenance import device_info
+    from .report import write_speed_tables
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = getattr(torch, settings.get("dtype", "float32"))
+    steps = decode_step_rows(
+        settings["cache_lengths"], [tuple(s) for s in settings["settings"]],
+        [tuple(layout) for layout in settings.get("head_layouts", [[1, 1], [9, 3]])], settings.get("head_dim", 64),
+        dtype, device, settings.get("repeats", 5),
+    )
+    generated = []
+    if model_source:
+        model, _ = load_model(model_source, dtype, device)
+        generated = generate_rows(model, settings.get("prompt_lengths", [4096]),
+                                  [tuple(s) for s in settings.get("generate_settings", [[16, 256, 1]])],
+                                  settings.get("new_tokens", 32))
+    info = device_info()
+    name = info.get("cuda_device") if device.startswith("cuda") else info["cpu"]
+    measured_on = f"{name}, {torch.get_num_threads()} torch threads, {str(dtype).removeprefix('torch.')}"
+    write_speed_tables(steps, generated, step_csv, generate_csv, measured_on)
+    plot_decode_speedup(step_csv, figure)
+
+
+def plot_decode_speedup(step_csv: str | Path, figure: str | Path) -> None:
+    """Measured speedup of the sparse decoding step over SDPA on the whole cache against cache length, one line per
+    (heads, groups, window, top-k), with the pair-count limit dashed in the same colour. PNG plus SVG sibling."""
+    import pandas as pd
+
+    from .report import pyplot, save_figure
+
+    plt = pyplot()
+    frame = pd.read_csv(step_csv)
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for (heads, k_heads, groups, window, top_k), part in frame.groupby(["heads", "kv_heads", "groups", "window", "top_k"]):
+        (line,) = ax.plot(part["cache"], part["speedup"], marker="o",
+                          label=f"H={heads}/{k_heads} G={groups} w={window} top-{top_k}")
+        ax.plot(part["cache"], part["pair_limit"], linestyle="--", color=line.get_color(), alpha=0.7)
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xscale("log", base=2)
+    ax.minorticks_off()
+    lengths = sorted(frame["cache"].unique())
+    ax.set_xticks(lengths, [f"{n // 1024}K" if n >= 1024 else str(n) for n in lengths])
+    ax.set(xlabel="cached tokens", ylabel="speedup over SDPA on the whole cache",
+           title="Focus hard decoding step through the group index (dashed: pair-count limit)")
+    ax.legend(fontsize="small")
+    save_figure(fig, figure)

@@ -1,0 +1,13 @@
+"""Rule bench_decode: decoding step and generate() speed, tables and figure."""
+
+from focus.decode_benchmark import run_decode_benchmark
+from focus.experiments import start_job
+
+start_job(snakemake.log[0], snakemake.threads)
+run_decode_benchmark(
+    settings=snakemake.params.decode,
+    model_source=snakemake.params.model_source,
+    step_csv=snakemake.output.steps,
+    generate_csv=snakemake.output.generate,
+    figure=snakemake.output.figure,
+)
