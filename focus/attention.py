@@ -119,8 +119,9 @@ def focus_attention(
     index = take_cache_index(module)  # a FocusCache's group index of this layer's cached keys, or None
     if index is not None:
         past = k_len - q_len
-        new_vectors = routing_vectors(module, (key if config.route_on == "key" else value)[:, :, past:], positions[:, past:])
-        index_new_keys(module, index, new_vectors, past, None if base_mask is None else base_mask.any(dim=-2)[:, 0, past:])
+        arrived = (key if config.route_on == "key" else value)[:, :, past:]
+        valid = None if base_mask is None else base_mask.any(dim=-2)[:, 0, past:]
+        index_new_keys(module, index, routing_vectors(module, arrived, positions[:, past:]), past, valid)
     if config.window >= k_len and trace is None:
         # Every pair the model allows is local: Focus is exactly the model's own attention, and nothing routes.
         out = unmodified_attention(query, key, value, base_mask, scaling, dropout, softcap)

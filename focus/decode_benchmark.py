@@ -40,7 +40,8 @@ def decode_step_rows(
         gen = torch.Generator().manual_seed(length)
         q = torch.randn(1, heads, 1, head_dim, generator=gen).to(device, dtype)
         key, value = (torch.randn(1, k_heads, length, head_dim, generator=gen).to(device, dtype) for _ in range(2))
-        full_s, _ = median_seconds(lambda: F.scaled_dot_product_attention(q, key, value, enable_gqa=True), repeats, device)
+        full_s, _ = median_seconds(lambda: F.scaled_dot_product_attention(q, key, value, enable_gqa=True), repeats,
+                                   device)
         for num_groups, window, top_k in settings:
             index = GroupIndex(1, k_heads, num_groups, top_k, sink_tokens, device)
             index.extend(balanced_groups(length, num_groups, top_k, k_heads).to(device), None)
@@ -57,8 +58,8 @@ def decode_step_rows(
             }
             row["of_limit"] = row["speedup"] / row["pair_limit"]
             rows.append(row)
-            progress(f"cache={length:>6} H={heads}/{k_heads} G={num_groups} w={window} k={top_k}: full {full_s * 1e3:.2f} ms "
-                     f"focus {focus_s * 1e3:.2f} ms -> {row['speedup']:.2f}x (pairs {row['pair_limit']:.2f}x)")
+            progress(f"cache={length:>6} H={heads}/{k_heads} G={num_groups} w={window} k={top_k}: "
+                     f"full {full_s * 1e3:.2f} ms focus {focus_s * 1e3:.2f} ms -> {row['speedup']:.2f}x (pairs {row['pair_limit']:.2f}x)")
     return rows
 
 
@@ -125,8 +126,8 @@ def generate_rows(
                 "unmodified_prefill_s": base_prefill, "focus_prefill_s": focus_prefill, "index_share": share,
             }
             rows.append(row)
-            progress(f"prompt={length:>6} G={num_groups} w={window} k={top_k}: unmodified {row['unmodified_tok_s']:.1f} "
-                     f"tok/s, focus {row['focus_tok_s']:.1f} tok/s -> {row['decode_speedup']:.2f}x "
+            progress(f"prompt={length:>6} G={num_groups} w={window} k={top_k}: "
+                     f"unmodified {row['unmodified_tok_s']:.1f} tok/s, focus {row['focus_tok_s']:.1f} tok/s -> {row['decode_speedup']:.2f}x "
                      f"(attention {row['attention_share']:.0%} of the unmodified step)")
     return rows
 
@@ -189,7 +190,8 @@ def plot_decode_speedup(step_csv: str | Path, figure: str | Path) -> None:
     plt = pyplot()
     frame = pd.read_csv(step_csv)
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    for (heads, k_heads, groups, window, top_k), part in frame.groupby(["heads", "kv_heads", "groups", "window", "top_k"]):
+    lines = frame.groupby(["heads", "kv_heads", "groups", "window", "top_k"])
+    for (heads, k_heads, groups, window, top_k), part in lines:
         (line,) = ax.plot(part["cache"], part["speedup"], marker="o",
                           label=f"H={heads}/{k_heads} G={groups} w={window} top-{top_k}")
         ax.plot(part["cache"], part["pair_limit"], linestyle="--", color=line.get_color(), alpha=0.7)

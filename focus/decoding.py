@@ -57,7 +57,8 @@ class GroupIndex:
         start = self.length
         valid = torch.ones(b, n, dtype=torch.bool, device=groups.device) if valid is None else valid
         self.key_groups = _reserve(self.key_groups, 2, start + n)
-        self.key_groups[:, :, start : start + n] = groups.masked_fill(~valid[:, None, :, None], -1).to(self.key_groups.dtype)
+        groups_or_padding = groups.masked_fill(~valid[:, None, :, None], -1)
+        self.key_groups[:, :, start : start + n] = groups_or_padding.to(self.key_groups.dtype)
 
         member = group_membership(groups, self.num_groups) & valid[:, None, :, None]  # (B, K, n, G)
         slots = self.counts[:, :, None, :] + member.long().cumsum(dim=2) - 1  # (B, K, n, G) where each one lands

@@ -127,14 +127,17 @@ def test_generate_through_a_focus_cache_on_smollm2_is_the_dense_pattern(smollm2)
     text = tokenize_corpus(load_corpus("books", "validation")[:60_000], tokenizer)
     prompt, new = int(os.environ.get("FOCUS_DECODE_TEST_PROMPT", 1024)), 200
     pad = prompt // 10
-    ids = torch.stack([text[:prompt], torch.cat([torch.full((pad,), tokenizer.pad_token_id), text[5000 : 5000 + prompt - pad]])])
+    padded = torch.cat([torch.full((pad,), tokenizer.pad_token_id), text[5000 : 5000 + prompt - pad]])
+    ids = torch.stack([text[:prompt], padded])
     mask = torch.ones_like(ids)
     mask[1, :pad] = 0
-    apply_focus(model, FocusConfig(num_groups=16, window=64, top_k=2, mode="hard"), calibration_ids=text[None, 9000:9512])
+    calibration = text[None, 9000:9512]
+    apply_focus(model, FocusConfig(num_groups=16, window=64, top_k=2, mode="hard"), calibration_ids=calibration)
     try:
         with torch.no_grad(), counting_sparse_steps() as calls:
-            out = model.generate(input_ids=ids, attention_mask=mask, past_key_values=FocusCache(model), do_sample=False,
-                                 max_new_tokens=new, min_new_tokens=new, output_logits=True, return_dict_in_generate=True)
+            out = model.generate(input_ids=ids, attention_mask=mask, past_key_values=FocusCache(model),
+                                 do_sample=False, max_new_tokens=new, min_new_tokens=new, output_logits=True,
+                                 return_dict_in_generate=True)
             steps = calls[0]
             full_mask = torch.cat([mask, torch.ones(2, new - 1, dtype=mask.dtype)], dim=1)
             positions = (full_mask.cumsum(dim=1) - 1).clamp_min(0)
