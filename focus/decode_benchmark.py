@@ -93,7 +93,8 @@ def generate_rows(
 ) -> list[dict]:
     """Greedy decoding of `new_tokens` after a random-token prompt: the unmodified model against Focus hard through a
     FocusCache, per (groups, window, top_k). Prefill is timed apart; tokens per second count decoding alone. Focus is
-    applied with random-token k-means centroids (speed does not depend on training) and removed afterwards."""
+    applied with k-means centroids of the prompt's first tokens (speed does not depend on training) and removed
+    afterwards."""
     from .config import FocusConfig
     from .retrofit import apply_focus, remove_focus
     from transformers import DynamicCache
@@ -107,7 +108,8 @@ def generate_rows(
         base_prefill, base_decode = _greedy_seconds(model, ids, new_tokens, DynamicCache(config=model.config))
         short_decode = _greedy_seconds(model, ids[:, :16], new_tokens, DynamicCache(config=model.config))[1]
         for num_groups, window, top_k in focus_settings:
-            apply_focus(model, FocusConfig(num_groups=num_groups, window=window, top_k=top_k, mode="hard"))
+            config = FocusConfig(num_groups=num_groups, window=window, top_k=top_k, mode="hard")
+            apply_focus(model, config, calibration_ids=ids[:, :512])  # the prompt's own tokens: no warning
             try:
                 cache = FocusCache(model)
                 focus_prefill, focus_decode = _greedy_seconds(model, ids, new_tokens, cache)
