@@ -126,8 +126,8 @@ def focus_attention(
         # Every pair the model allows is local: Focus is exactly the model's own attention, and nothing routes.
         out = unmodified_attention(query, key, value, base_mask, scaling, dropout, softcap)
         return out.transpose(1, 2).contiguous(), None
-    if index is not None and q_len == 1 and config.mode == "hard" and trace is None and _decodable(
-        key, softcap, dropout, kwargs.get("sliding_window")
+    if index is not None and q_len == 1 and config.mode == "hard" and trace is None and _fast_path_applies(
+        query, key, softcap, dropout, kwargs.get("sliding_window")
     ):
         out = _sparse_step(module, query, key, value, index, base_mask, positions, scaling)
         return out.transpose(1, 2).contiguous(), None
@@ -201,29 +201,21 @@ def _sparse_step(
     return sparse_decode_attention(query, key, value, index, query_groups, config.window, window_valid, scaling)
 
 
-def _decodable(key, softcap, dropout, sliding_window) -> bool:
-    """Whether the sparse decoding step computes this call: no gradient, no soft-capping, no model window shorter
-    than the cache (its mask is then only causal plus padding, which the index and the window mask hold)."""
+def _fast_path_applies(query, key, softcap, dropout, sliding_window) -> bool:
+    """Whether a fast path (decomposition, sparse decoding step) can compute this call: no gradient, and a model
+    mask that is only causal plus padding (no soft-capping, no model window shorter than the keys)."""
     return (
         softcap is None
         and dropout == 0.0
         and (sliding_window is None or sliding_window >= key.shape[-2])
-        and not (torch.is_grad_enabled() and key.requires_grad)
+        and not (torch.is_grad_enabled() and (query.requires_grad or key.requires_grad))
     )
 
 
 def _decomposable(query, key, softcap, dropout, sliding_window) -> bool:
-    """Whether the decomposition computes this call: a whole sequence (no cached past), no gradient, and a
-    model mask that is only causal plus padding (no soft-capping, no model window shorter than the keys)."""
-    k_len = key.shape[-2]
-    return (
-        DECOMPOSE_HARD_PREFILL
-        and query.shape[-2] == k_len
-        and softcap is None
-        and dropout == 0.0
-        and (sliding_window is None or sliding_window >= k_len)
-        and not (torch.is_grad_enabled() and (query.requires_grad or key.requires_grad))
-    )
+    """Whether the decomposition computes this call: a whole sequence (no cached past) on a fast path."""
+    return (DECOMPOSE_HARD_PREFILL and query.shape[-2] == key.shape[-2]
+            and _fast_path_applies(query, key, softcap, dropout, sliding_window))
 
 
 def sdpa_grouped(

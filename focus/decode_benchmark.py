@@ -187,7 +187,7 @@ def plot_decode_speedup(step_csv: str | Path, figure: str | Path) -> None:
     (heads, groups, window, top-k), with the pair-count limit dashed in the same colour. PNG plus SVG sibling."""
     import pandas as pd
 
-    from .report import pyplot, save_figure
+    from .report import pyplot, save_figure, token_axis
 
     plt = pyplot()
     frame = pd.read_csv(step_csv)
@@ -197,11 +197,7 @@ def plot_decode_speedup(step_csv: str | Path, figure: str | Path) -> None:
         (line,) = ax.plot(part["cache"], part["speedup"], marker="o",
                           label=f"H={heads}/{k_heads} G={groups} w={window} top-{top_k}")
         ax.plot(part["cache"], part["pair_limit"], linestyle="--", color=line.get_color(), alpha=0.7)
-    ax.axhline(1.0, color="grey", linewidth=0.8)
-    ax.set_xscale("log", base=2)
-    ax.minorticks_off()
-    lengths = sorted(frame["cache"].unique())
-    ax.set_xticks(lengths, [f"{n // 1024}K" if n >= 1024 else str(n) for n in lengths])
+    token_axis(ax, frame["cache"])
     ax.set(xlabel="cached tokens", ylabel="speedup over SDPA on the whole cache",
            title="Focus hard decoding step through the group index (dashed: pair-count limit)")
     ax.legend(fontsize="small")

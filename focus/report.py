@@ -158,6 +158,15 @@ def write_speed_tables(attention: list[dict], prefill: list[dict], attention_csv
         write_text(Path(path).with_suffix(".md"), f"Measured on: {device}\n\n{body}\n")
 
 
+def token_axis(ax, lengths) -> None:
+    """A log-2 x axis ticked at the measured token counts (4K, 8K, ...) and a line at speedup 1."""
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xscale("log", base=2)
+    ax.minorticks_off()
+    ticks = sorted(set(lengths))
+    ax.set_xticks(ticks, [f"{n // 1024}K" if n >= 1024 else str(n) for n in ticks])
+
+
 def plot_speedup(attention_csv: str | Path, figure: str | Path) -> None:
     """Measured speedup of the decomposition over full causal SDPA against sequence length, one line per
     (groups, window, top-k, routing), with the pair-count limit dashed in the same colour. PNG plus SVG sibling."""
@@ -171,11 +180,7 @@ def plot_speedup(attention_csv: str | Path, figure: str | Path) -> None:
         label = f"G={groups} w={window} top-{top_k}, {routing} routing"
         (line,) = ax.plot(part["length"], part["speedup"], marker="o", label=label)
         ax.plot(part["length"], part["theoretical"], linestyle="--", color=line.get_color(), alpha=0.7)
-    ax.axhline(1.0, color="grey", linewidth=0.8)
-    ax.set_xscale("log", base=2)
-    ax.minorticks_off()
-    lengths = sorted(frame["length"].unique())
-    ax.set_xticks(lengths, [f"{n // 1024}K" if n >= 1024 else str(n) for n in lengths])
+    token_axis(ax, frame["length"])
     ax.set(xlabel="sequence length (tokens)", ylabel="speedup over full causal SDPA",
            title="Focus hard top-k, two-call decomposition (dashed: pair-count limit)")
     ax.legend(fontsize="small")
