@@ -35,11 +35,10 @@ class GroupIndex:
     key_groups: (B, K, capacity, top_k) int8 (int16 beyond 127 groups), each indexed key's groups (-1 for padding).
     members: (B, K, G, capacity) int32, the positions of each group's keys in cache order; `counts` (B, K, G)
         of them are filled. Padding keys are in no group.
-    sinks: (B, S) int64, the positions of the first S real keys of each row (-1 until seen); `sink_last` (B,)
-        the last of them (-1 before any), so a real key is a sink exactly when its position <= sink_last.
-    Buffers grow by an eighth of their size when full: appending a token costs O(1) amortised, and the headroom
-    stays small beside the KV cache (measured: 2.0% of a float32 cache at head size 64, top-2, so about 4% of a
-    bfloat16 one, plus at most an eighth for headroom).
+    sinks: (B, S) int64, the positions of the first S real keys of each row (-1 until seen).
+    Buffers grow by an eighth of their size when full: appending a token costs O(1) amortised, and the index stays
+    small beside the KV cache (measured: 2.0% of a float32 cache at head size 64, top-2, so about 4% of a bfloat16
+    one, plus at most an eighth of headroom).
     """
 
     def __init__(self, batch: int, k_heads: int, num_groups: int, top_k: int, sink_tokens: int, device):
@@ -49,7 +48,6 @@ class GroupIndex:
         self.members = torch.zeros(batch, k_heads, num_groups, 0, dtype=torch.int32, device=device)
         self.counts = torch.zeros(batch, k_heads, num_groups, dtype=torch.int64, device=device)
         self.sinks = torch.full((batch, sink_tokens), -1, dtype=torch.int64, device=device)
-        self.sink_last = torch.full((batch,), -1, dtype=torch.int64, device=device)
         self._real = torch.zeros(batch, dtype=torch.int64, device=device)  # real keys seen per row
 
     def extend(self, groups: torch.Tensor, valid: torch.Tensor | None) -> None:
@@ -72,10 +70,15 @@ class GroupIndex:
         is_sink = valid & (order <= self.sinks.shape[1])
         rows, cols = is_sink.nonzero(as_tuple=True)
         self.sinks[rows, order[rows, cols] - 1] = start + cols
-        if rows.numel():
-            self.sink_last = self.sinks.max(dim=1).values
         self._real += valid.sum(dim=1)
         self.length = start + n
+
+    @property
+    def sink_last(self) -> torch.Tensor:
+        """(B,) the last sink's position (-1 before any): a real key is a sink exactly when its position <= it."""
+        if self.sinks.shape[1] == 0:
+            return torch.full(self.sinks.shape[:1], -1, dtype=torch.int64, device=self.sinks.device)
+        return self.sinks.amax(dim=1)
 
     def groups(self, length: int | None = None) -> torch.Tensor:
         """(B, K, L, top_k) int64 group ids of the first `length` indexed keys (padding keys: -1)."""
@@ -92,12 +95,12 @@ class GroupIndex:
 
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep batch rows `rows` (beam search reordering, batch selection or repetition)."""
-        for name in ("key_groups", "members", "counts", "sinks", "sink_last", "_real"):
+        for name in ("key_groups", "members", "counts", "sinks", "_real"):
             setattr(self, name, getattr(self, name).index_select(0, rows.to(self.counts.device)))
 
     def nbytes(self) -> int:
         """Bytes the index holds (allocated, growth headroom included)."""
-        tensors = (self.key_groups, self.members, self.counts, self.sinks, self.sink_last, self._real)
+        tensors = (self.key_groups, self.members, self.counts, self.sinks, self._real)
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
