@@ -35,6 +35,22 @@ def median_seconds(call: Callable[[], object], repeats: int, device: torch.devic
     return statistics.median(times), memory.peak_gib
 
 
+def interleaved_seconds(calls: list[Callable[[], object]], repeats: int, device: torch.device) -> list[float]:
+    """Median seconds of each call over `repeats` rounds, the calls taking turns within a round (after one warm-up
+    round). Taking turns keeps slow drifts of a shared machine out of the ratios, and times each call with the caches
+    as the others left them, as a layer finds them in a model, not warmed by its own previous run."""
+    times: list[list[float]] = [[] for _ in calls]
+    for round_ in range(repeats + 1):
+        for call, measured in zip(calls, times):
+            _sync(device)
+            tic = time.perf_counter()
+            call()
+            _sync(device)
+            if round_:
+                measured.append(time.perf_counter() - tic)
+    return [statistics.median(measured) for measured in times]
+
+
 def balanced_groups(length: int, num_groups: int, top_k: int, heads: int, seed: int = 0) -> torch.Tensor:
     """(1, heads, L, top_k) distinct random groups per token, uniform over groups (balanced in expectation)."""
     scores = torch.rand(1, heads, length, num_groups, generator=torch.Generator().manual_seed(seed))

@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .benchmark import balanced_groups, median_seconds
+from .benchmark import balanced_groups, interleaved_seconds
 from .decoding import FocusCache, GroupIndex, sparse_decode_attention
 
 
@@ -32,23 +32,22 @@ def decode_step_rows(
     progress: Callable[[str], None] = print,
 ) -> list[dict]:
     """One row per (cache length, (groups, window, top_k), (query heads, key/value heads)): the median seconds of one
-    decoding step, full SDPA over the cache against the sparse step, their ratio, the pair-count limit and the index's
-    size against the cache's. Groups are random and balanced, as trained groups are in expectation."""
+    decoding step, full SDPA over the cache against the sparse step (taking turns), their ratio, the pair-count limit
+    and the index's size against the cache's. Groups are random and balanced, as trained groups are in expectation."""
     device = torch.device(device)
     rows = []
     for length, (heads, k_heads) in ((n, layout) for n in cache_lengths for layout in head_layouts):
         gen = torch.Generator().manual_seed(length)
         q = torch.randn(1, heads, 1, head_dim, generator=gen).to(device, dtype)
         key, value = (torch.randn(1, k_heads, length, head_dim, generator=gen).to(device, dtype) for _ in range(2))
-        full_s, _ = median_seconds(lambda: F.scaled_dot_product_attention(q, key, value, enable_gqa=True), repeats,
-                                   device)
         for num_groups, window, top_k in settings:
             index = GroupIndex(1, k_heads, num_groups, top_k, sink_tokens, device)
             index.extend(balanced_groups(length, num_groups, top_k, k_heads).to(device), None)
             query_groups = balanced_groups(1, num_groups, top_k, heads, seed=1)[:, :, 0].to(device)  # (1, H, top_k)
-            focus_s, _ = median_seconds(
-                lambda: sparse_decode_attention(q, key, value, index, query_groups, window, None, None), repeats, device
-            )
+            full_s, focus_s = interleaved_seconds([
+                lambda: F.scaled_dot_product_attention(q, key, value, enable_gqa=True),
+                lambda: sparse_decode_attention(q, key, value, index, query_groups, window, None, None),
+            ], repeats, device)
             read = keys_read(index, query_groups, window, length)
             row = {
                 "cache": length, "heads": heads, "kv_heads": k_heads, "head_dim": head_dim,

@@ -1,6 +1,7 @@
 """Sparse decoding through the cache's group index against the dense reference."""
 
 import contextlib
+import math
 import os
 
 import pytest
@@ -67,6 +68,21 @@ def test_decoding_through_the_index_matches_the_dense_reference(case, chunk):
     torch.testing.assert_close(steps, expected, atol=2e-5, rtol=1e-4)
     one_token_steps = 0 if window >= 41 else (41 - 12 if chunk == 1 else 0)
     assert calls[0] == one_token_steps  # the sparse step ran where it applies, the dense path elsewhere
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_bfloat16_decoding_error_within_twice_the_reference_error(top_k):
+    config = FocusConfig(num_groups=4, top_k=top_k, window=5, sink_tokens=1, mode="hard", route_queries="query")
+    layer = make_layer(config, 2, 16)
+    q, key, v, mask = make_inputs(2, 6, 2, 48, 16, pads=(0, 7))
+    low = [t.bfloat16() for t in (q, key, v)]
+    with torch.no_grad(), counting_sparse_steps() as calls:
+        exact = reference_attention(layer, q, key, v, mask, scaling=0.4)[:, :, 12:]
+        steps = decode(layer, *low, mask, prompt=12)[0].float()
+        ref = reference_attention(layer, *low, mask, scaling=0.4)[:, :, 12:].float()
+    assert calls[0] == 48 - 12
+    fast_err, ref_err = (steps - exact).abs().max(), (ref - exact).abs().max()
+    assert fast_err <= 2 * ref_err + 1e-3, (fast_err, ref_err)
 
 
 def test_the_index_lists_each_real_key_under_its_groups_once():
@@ -151,3 +167,17 @@ def test_generate_through_a_focus_cache_on_smollm2_is_the_dense_pattern(smollm2)
     assert torch.equal(out.sequences[:, prompt:], expected.argmax(dim=-1))
     step_error = (generated - expected).abs().amax(dim=(0, 2))  # (new,)
     assert step_error.median() < 1e-3 and (step_error > 1e-2).float().mean() < 0.05, step_error
+
+
+def test_decode_step_rows_time_both_sides_and_count_the_keys_a_step_reads():
+    from focus.decode_benchmark import decode_step_rows
+
+    rows = decode_step_rows([2048], [(8, 64, 1), (8, 64, 2)], [(4, 2)], head_dim=16, repeats=2, progress=lambda _: None)
+    assert [(row["top_k"], row["cache"]) for row in rows] == [(1, 2048), (2, 2048)]
+    for row in rows:
+        assert row["speedup"] == pytest.approx(row["full_s"] / row["focus_s"])
+        # a step reads the window and the distant keys sharing a group with it: all but C(G - k, k) / C(G, k) of them
+        k = row["top_k"]
+        expected_read = 64 + (2048 - 64) * (1 - math.comb(8 - k, k) / math.comb(8, k))
+        assert row["pair_limit"] == pytest.approx(2048 / expected_read, rel=0.15)
+        assert row["index_share"] < 0.05 * 4  # head size 16 here: the index weighs 4x more against the cache
