@@ -57,8 +57,9 @@ def decode_step_rows(
             }
             row["of_limit"] = row["speedup"] / row["pair_limit"]
             rows.append(row)
-            progress(f"cache={length:>6} H={heads}/{k_heads} G={num_groups} w={window} k={top_k}: "
-                     f"full {full_s * 1e3:.2f} ms focus {focus_s * 1e3:.2f} ms -> {row['speedup']:.2f}x (pairs {row['pair_limit']:.2f}x)")
+            progress(f"cache={length:>6} H={heads}/{k_heads} G={num_groups} w={window} k={top_k}: full "
+                     f"{full_s * 1e3:.2f} ms focus {focus_s * 1e3:.2f} ms -> {row['speedup']:.2f}x "
+                     f"(pairs {row['pair_limit']:.2f}x)")
     return rows
 
 
@@ -90,13 +91,16 @@ def generate_rows(
     new_tokens: int = 32,
     progress: Callable[[str], None] = print,
 ) -> list[dict]:
-    """Greedy decoding of `new_tokens` after a random-token prompt: the unmodified model against Focus hard through a
-    FocusCache, per (groups, window, top_k). Prefill is timed apart; tokens per second count decoding alone. Focus is
-    applied with k-means centroids of the prompt's first tokens (speed does not depend on training) and removed
-    afterwards."""
-    from .config import FocusConfig
-    from .retrofit import apply_focus, remove_focus
+    """Greedy decoding of `new_tokens` after a random-token prompt, per (groups, window, top_k): Focus hard through a
+    FocusCache against the unmodified model through a GrowingCache (the same in-place cache without Focus: the ratio
+    is what Focus saves) and through transformers' DynamicCache (what a user has by default; it copies the whole
+    cache at every step). Prefill is timed apart; tokens per second count decoding alone. Focus is applied with
+    k-means centroids of the prompt's first tokens (speed does not depend on training) and removed afterwards."""
     from transformers import DynamicCache
+
+    from .config import FocusConfig
+    from .growing_cache import GrowingCache
+    from .retrofit import apply_focus, remove_focus
 
     device = next(model.parameters()).device
     limit = getattr(model.config.get_text_config(), "max_position_embeddings", None)
@@ -104,14 +108,22 @@ def generate_rows(
     for length in prompt_lengths:
         ids = torch.randint(0, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(length))
         ids = ids.to(device)
-        base_prefill, base_decode = _greedy_seconds(model, ids, new_tokens, DynamicCache(config=model.config))
-        short_decode = _greedy_seconds(model, ids[:, :16], new_tokens, DynamicCache(config=model.config))[1]
+        dynamic = DynamicCache(config=model.config)
+        base_prefill, logits = _prefill(model, ids, dynamic)
+        growing = GrowingCache(config=model.config)
+        for layer_idx, layer in enumerate(dynamic.layers):  # the same prompt state, appended to in place
+            growing.update(layer.keys.clone(), layer.values.clone(), layer_idx)
+        base_decode = _decode_seconds(model, logits, new_tokens, growing)
+        dynamic_decode = _decode_seconds(model, logits, new_tokens, dynamic)
+        short = GrowingCache(config=model.config)
+        short_decode = _decode_seconds(model, _prefill(model, ids[:, :16], short)[1], new_tokens, short)
         for num_groups, window, top_k in focus_settings:
             config = FocusConfig(num_groups=num_groups, window=window, top_k=top_k, mode="hard")
             apply_focus(model, config, calibration_ids=ids[:, :512])  # the prompt's own tokens: no warning
             try:
                 cache = FocusCache(model)
-                focus_prefill, focus_decode = _greedy_seconds(model, ids, new_tokens, cache)
+                focus_prefill, focus_logits = _prefill(model, ids, cache)
+                focus_decode = _decode_seconds(model, focus_logits, new_tokens, cache)
                 share = cache.index_nbytes() / sum(
                     layer.keys.numel() * layer.keys.element_size() * 2 for layer in cache.layers if layer.is_initialized
                 )
@@ -122,28 +134,36 @@ def generate_rows(
                 "beyond_position_limit": limit is not None and length + new_tokens > limit,
                 "unmodified_tok_s": new_tokens / base_decode, "focus_tok_s": new_tokens / focus_decode,
                 "decode_speedup": base_decode / focus_decode,
+                "unmodified_dynamic_cache_tok_s": new_tokens / dynamic_decode,
+                "speedup_over_dynamic_cache": dynamic_decode / focus_decode,
                 # The unmodified step's time beyond a 16-token prompt's is (about) its attention over the cache.
                 "attention_share": max(0.0, 1 - short_decode / base_decode),
                 "unmodified_prefill_s": base_prefill, "focus_prefill_s": focus_prefill, "index_share": share,
             }
             rows.append(row)
-            progress(f"prompt={length:>6} G={num_groups} w={window} k={top_k}: "
-                     f"unmodified {row['unmodified_tok_s']:.1f} tok/s, focus {row['focus_tok_s']:.1f} tok/s -> {row['decode_speedup']:.2f}x "
+            progress(f"prompt={length:>6} G={num_groups} w={window} k={top_k}: unmodified "
+                     f"{row['unmodified_tok_s']:.1f} tok/s ({row['unmodified_dynamic_cache_tok_s']:.1f} with "
+                     f"DynamicCache), focus {row['focus_tok_s']:.1f} tok/s -> {row['decode_speedup']:.2f}x "
                      f"(attention {row['attention_share']:.0%} of the unmodified step)")
     return rows
 
 
-def _greedy_seconds(model, ids: torch.Tensor, new_tokens: int, cache) -> tuple[float, float]:
-    """(prefill seconds, seconds of `new_tokens` greedy steps) through `cache`."""
+def _prefill(model, ids: torch.Tensor, cache) -> tuple[float, torch.Tensor]:
+    """(seconds, last logits) of the prompt's forward into `cache`."""
     tic = time.perf_counter()
     logits = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
-    prefill = time.perf_counter() - tic
+    _sync(ids.device)
+    return time.perf_counter() - tic, logits
+
+
+def _decode_seconds(model, logits: torch.Tensor, new_tokens: int, cache) -> float:
+    """Seconds of `new_tokens` greedy steps through `cache`, from the prompt's last `logits`."""
     tic = time.perf_counter()
     for _ in range(new_tokens):
         token = logits[:, -1:].argmax(dim=-1)
         logits = model(input_ids=token, past_key_values=cache, use_cache=True).logits
-    _sync(ids.device)
-    return prefill, time.perf_counter() - tic
+    _sync(logits.device)
+    return time.perf_counter() - tic
 
 
 def _sync(device: torch.device) -> None:

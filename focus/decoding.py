@@ -21,8 +21,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import DynamicCache
 
+from .growing_cache import GrowingCache
 from .routing import group_membership, inference_log_assign, routing_logits, top_k_groups
 
 CACHE_INDEX_ATTRIBUTE = "focus_cache_index"
@@ -132,8 +132,9 @@ def _reserve(buffer: torch.Tensor, dim: int, needed: int) -> torch.Tensor:
     return grown
 
 
-class FocusCache(DynamicCache):
-    """A `DynamicCache` that keeps a `GroupIndex` per Focus layer and hands it to that layer's attention call.
+class FocusCache(GrowingCache):
+    """A `DynamicCache` (appending in place: `GrowingCache`) that keeps a `GroupIndex` per Focus layer and hands it
+    to that layer's attention call.
 
     Sliding-window cache layers (their old keys leave the cache) are not indexed: they take the dense path.
     """
@@ -241,14 +242,16 @@ def sparse_decode_attention(
     # one bmm, gather or elementwise op on views, with no broadcasting helpers between them.
     kv_rows = index.query_head_rows(h)  # (B, H) each query head's row of the (B * K) key/value heads
     positions, drop = _distant_keys(index, query_groups, start, kv_rows)  # (B, H, n)
-    rows = (kv_rows[..., None] * length + positions).view(b * h, -1)  # rows of the cache flattened to (B*K*L, D)
+    key_rows, span = _as_rows(key)
+    value_rows, _ = _as_rows(value)
+    rows = (kv_rows[..., None] * span + positions).view(b * h, -1)  # into key_rows and value_rows
     q = query.float() * (d**-0.5 if scaling is None else scaling)
 
     window_keys = key.reshape(b * k_heads, length, d)[:, start:].float()
     near = torch.bmm(q.view(b * k_heads, r, d), window_keys.transpose(1, 2))  # (B*K, R, w)
     if key_valid is not None:
         near.masked_fill_(~key_valid.repeat_interleave(k_heads, dim=0)[:, None], float("-inf"))
-    far_keys = index.scratch.select_rows(key.reshape(-1, d), rows)  # (B*H, n, D), valid until the next call
+    far_keys = index.scratch.select_rows(key_rows, rows)  # (B*H, n, D), valid until the next call
     # (1, D) x (D, n) per head, not (n, D) x (D, 1): the same product, 3x faster as a CPU GEMM.
     far = torch.bmm(q.view(b * h, 1, d), far_keys.float().transpose(1, 2)).view(b, h, -1)
     far.masked_fill_(drop, float("-inf"))
@@ -260,9 +263,19 @@ def sparse_decode_attention(
     if n:  # one bag of n rows per query head (1-D with offsets: 1.7x faster than 2-D bags here)
         offsets = torch.arange(0, b * h * n, n, device=rows.device)
         far_weights = probs[:, w:].reshape(-1)
-        out = out + F.embedding_bag(rows.view(-1), value.reshape(-1, d), offsets, per_sample_weights=far_weights,
-                                    mode="sum")
+        out = out + F.embedding_bag(rows.view(-1), value_rows, offsets, per_sample_weights=far_weights, mode="sum")
     return out.view(b, h, 1, d).to(query.dtype)
+
+
+def _as_rows(cache: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(rows (N, D), span): the cache (B, K, L, D) as rows, position p of key/value head row i at row i * span + p.
+    No copy when the cache is contiguous, or the first L positions of a larger buffer (`GrowingLayer`)."""
+    b, k_heads, length, d = cache.shape
+    batch_stride, head_stride, position_stride, last_stride = cache.stride()
+    if last_stride == 1 and position_stride == d and head_stride % d == 0 and batch_stride == k_heads * head_stride:
+        span = head_stride // d
+        return cache.as_strided((b * k_heads * span, d), (d, 1)), span
+    return cache.reshape(-1, d), length
 
 
 def _distant_keys(
