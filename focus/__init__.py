@@ -2,6 +2,7 @@
 
 from .adapter import load_focus, save_focus
 from .config import ConfigError, FocusConfig
+from .hub import load_focus_model, push_to_hub
 from .retrofit import (
     apply_focus,
     focus_config,
@@ -23,6 +24,8 @@ __all__ = [
     "focus_parameters",
     "has_focus",
     "load_focus",
+    "load_focus_model",
+    "push_to_hub",
     "save_focus",
     "remove_focus",
     "set_focus_mode",

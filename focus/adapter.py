@@ -2,6 +2,9 @@
 
     <dir>/focus_config.json          sorted keys: FocusConfig, base model id, shapes, version, git commit
     <dir>/focus_centroids.safetensors   layers.<i>.centroids (sets, G, D), layers.<i>.group_bias (sets, G)
+    <dir>/README.md                  the model card, when written (`focus.hub.write_model_card`)
+
+An adapter is read from a folder or from a hub repo id (`resolve_adapter`, through huggingface_hub's cache).
 
 The safetensors file is written first and the JSON last, each atomically, so a folder with a
 focus_config.json always holds a complete adapter.
@@ -26,6 +29,7 @@ from .retrofit import apply_focus, attention_modules, focus_config, has_focus, h
 
 CONFIG_NAME = "focus_config.json"
 WEIGHTS_NAME = "focus_centroids.safetensors"
+CARD_NAME = "README.md"
 FORMAT = "focus-adapter/1"
 
 
@@ -98,8 +102,39 @@ def read_adapter_config(directory: str | Path) -> dict:
 _LEGACY_FIELDS = {"route_queries": "key", "unrotate": False, "gate": "overlap"}
 
 
-def load_focus(model: PreTrainedModel, directory: str | Path, strict: bool = False) -> PreTrainedModel:
-    """Put the adapter in `directory` onto `model` (applying Focus first if needed); returns the model.
+def resolve_adapter(source: str | Path, revision: str | None = None, token: str | None = None) -> Path:
+    """The folder holding the adapter `source`: itself when it is a folder, else the hub repo `source` ("user/name")
+    at `revision`, downloaded through huggingface_hub's cache (offline with HF_HUB_OFFLINE=1: the cached copy).
+
+    Raises:
+        FileNotFoundError: one line, when `source` is neither a folder nor a repo found on the hub or in the cache.
+    """
+    path = Path(source).expanduser()
+    if path.is_dir():
+        if revision is not None:
+            raise ValueError(f"revision={revision!r} names a hub revision, but {source} is a local folder")
+        return path
+    if not _HUB_ID.match(str(source)):
+        raise FileNotFoundError(f"no Focus adapter at {source}: no such folder (and not a hub repo id, user/name)")
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    try:
+        folder = snapshot_download(str(source), revision=revision, token=token,
+                                   allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, CARD_NAME])
+    except (LocalEntryNotFoundError, HfHubHTTPError) as err:
+        at = f" at revision {revision!r}" if revision else ""
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise FileNotFoundError(f"no Focus adapter {source}{at}: no such folder, nor on the hub or in its local cache "
+                                f"({reason})") from None
+    return Path(folder)
+
+
+def load_focus(
+    model: PreTrainedModel, source: str | Path, strict: bool = False, revision: str | None = None
+) -> PreTrainedModel:
+    """Put the adapter `source` (a folder, or a hub repo id at `revision`) onto `model` (applying Focus first if
+    needed); returns the model.
 
     Every tensor is checked against the shape and dtype the model needs before anything is copied, so a damaged or
     foreign adapter leaves the model as it was. An adapter saved from another model type, or from another hub model
@@ -107,10 +142,10 @@ def load_focus(model: PreTrainedModel, directory: str | Path, strict: bool = Fal
     warning, as PEFT does; `strict=True` refuses it.
 
     Raises:
-        FileNotFoundError: `directory` holds no adapter (or no centroid file).
+        FileNotFoundError: `source` holds no adapter (or no centroid file), or the hub has none by that id.
         AdapterError: one line naming the folder, the file and what does not fit.
     """
-    directory = Path(directory)
+    directory = resolve_adapter(source, revision)
     record = read_adapter_config(directory)
     try:
         config = FocusConfig.from_dict({**_LEGACY_FIELDS, **record["focus_config"]})

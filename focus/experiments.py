@@ -36,6 +36,7 @@ from .data import chunk_tokens, corpus_location, load_corpus, tokenize_corpus
 from .distributed import barrier, is_main_process, rank_and_world, run_on_processes, shard_model, torchrun_process_group
 from .files import atomic_write, write_folder_atomically, write_json
 from .harness import run_tasks, write_mirror_tasks, write_samples
+from .hub import write_model_card
 from .lora import apply_lora, load_lora, parse_lora_name
 from .models import inference_device, load_model, load_tokenizer
 from .needle import needle_trials
@@ -127,6 +128,8 @@ def train_focus(
         save_focus(model, adapter_dir, base_model=source)
         record.update(focus_config=to_dict(config), trainable_parameters=focus_parameter_count(model),
                       reference_eval=reference)
+        if is_main_process():
+            write_model_card(adapter_dir, training={**record, "train": train})
         return write_training_summary(summary, source, record, Path(metrics))
 
 

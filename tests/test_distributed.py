@@ -171,6 +171,7 @@ def test_train_focus_stage_on_two_processes_writes_the_single_process_artifacts(
         )
         assert json.loads((out / "summary.json").read_text())["processes"] == processes
         assert not (out / "run").exists()  # the checkpoint folder is gone once the outputs are written
+        assert "| steps | 3 |" in (out / "adapter" / "README.md").read_text()  # the model card, by process 0
     one, two = summaries[1], summaries[2]
     assert one.keys() == two.keys() and one["trainable_parameters"] == two["trainable_parameters"] == 2 * 2 * 4 * 16
     assert math.isclose(one["final"]["eval/loss"], two["final"]["eval/loss"], rel_tol=1e-5)
