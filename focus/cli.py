@@ -1,0 +1,225 @@
+"""The `focus` command: the library's main calls from a shell.
+
+    focus train --output runs/books --steps 300 --lr 1e-2 --window 64      # retrofit, train the centroids, save
+    focus eval --adapter runs/books/adapter --mode hard --split test         # perplexity (or --tasks arc_easy)
+    focus generate --adapter runs/books/adapter --prompt "Once upon a time"  # text through Focus hard decoding
+    focus bench --kind decode --lengths 4096 8192 --model ''                 # speed against full attention
+
+Every option's help is the help string of the dataclass field it sets (FocusConfig, TrainConfig and the argument
+classes below), read by transformers' HfArgumentParser. Errors are one line on stderr, exit status 2.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from .adapter import AdapterError
+from .config import ConfigError, FocusConfig, to_dict
+from .models import PACKAGED_SMOLLM2
+from .training import TrainConfig
+
+COMMANDS = ("train", "eval", "generate", "bench")
+
+
+@dataclass
+class ModelArguments:
+    model: str = field(default=PACKAGED_SMOLLM2, metadata={
+        "help": f"Base model: a hub id, a saved model folder, or {PACKAGED_SMOLLM2!r} (packaged, offline)."})
+    dtype: Literal["float32", "bfloat16", "float16"] = field(default="float32", metadata={
+        "help": "Weights' dtype (bfloat16 is slow on CPUs without AVX-512 BF16 or AMX)."})
+
+
+@dataclass
+class DataArguments:
+    domain: str = field(default="books", metadata={
+        "help": "Corpus, from the data mirror or the hub: books, wikitext2 (see focus.data)."})
+    mirror: str | None = field(default=None, metadata={"help": "Data mirror folder (default: FOCUS_DATA_MIRROR or "
+                                                               "../shared/data when present)."})
+
+
+@dataclass
+class TrainArguments:
+    output: str = field(metadata={"help": "Folder for adapter/, metrics.jsonl, summary.json and the tokens."})
+    seq_len: int = field(default=512, metadata={"help": "Tokens per training row."})
+    calibration_rows: int = field(default=8, metadata={
+        "help": "Rows whose keys k-means-initialise the centroids (not trained on)."})
+    eval_rows: int = field(default=8, metadata={"help": "Validation rows scored during training."})
+
+
+@dataclass
+class AdapterArguments:
+    adapter: str | None = field(default=None, metadata={
+        "help": "Focus adapter: a folder or a hub repo id (none: the pretrained model)."})
+    revision: str | None = field(default=None, metadata={"help": "Branch, tag or commit of the adapter's hub repo."})
+    mode: Literal["soft", "hard"] = field(default="hard", metadata={
+        "help": "Focus at inference: hard (top-k groups, sparse) or soft (the training gate, dense)."})
+
+
+@dataclass
+class EvalArguments:
+    split: str = field(default="test", metadata={"help": "Split scored for perplexity (choose on validation)."})
+    context_length: int = field(default=512, metadata={"help": "Tokens per scored window."})
+    max_tokens: int | None = field(default=None, metadata={"help": "Score only the first this many tokens."})
+    batch_size: int = field(default=4, metadata={"help": "Windows (or lm-eval requests) per forward pass."})
+    tasks: list[str] = field(default_factory=list, metadata={
+        "help": "lm-eval tasks instead of perplexity (e.g. arc_easy); tasks the mirror lacks need the hub."})
+    limit: int | None = field(default=None, metadata={"help": "lm-eval: documents per task."})
+    output: str | None = field(default=None, metadata={"help": "Write the JSON record here too."})
+
+
+@dataclass
+class GenerateArguments:
+    prompt: str = field(metadata={"help": "Text to continue."})
+    max_new_tokens: int = field(default=50, metadata={"help": "Tokens to generate (greedy)."})
+    chat: bool = field(default=False, metadata={"help": "Wrap the prompt in the tokenizer's chat template."})
+
+
+@dataclass
+class BenchArguments:
+    kind: Literal["decode", "prefill"] = field(metadata={
+        "help": "decode: one decoding step and generate() through the group index; prefill: whole-prompt attention."})
+    output: str = field(default="benchmarks/results", metadata={"help": "Folder for the tables and the figure."})
+    tag: str = field(default="cli", metadata={"help": "Suffix of the written file names."})
+    lengths: list[int] = field(default_factory=lambda: [4096, 8192], metadata={
+        "help": "Cached tokens (decode) or sequence lengths (prefill) of the one-layer rows."})
+    settings: list[str] = field(default_factory=lambda: ["16:256:1", "16:256:2"], metadata={
+        "help": "Focus settings as groups:window:top_k."})
+    model: str = field(default=PACKAGED_SMOLLM2, metadata={"help": "Model of the whole-model rows ('' skips them)."})
+    prompt_lengths: list[int] = field(default_factory=lambda: [4096], metadata={
+        "help": "Prompt lengths of the whole-model rows."})
+    dtype: Literal["float32", "bfloat16", "float16"] = field(default="float32", metadata={"help": "Tensor dtype."})
+    repeats: int = field(default=5, metadata={"help": "Timed repeats (the median is reported)."})
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in COMMANDS:
+        if argv and argv[0] not in ("-h", "--help"):
+            print(f"focus: error: unknown command {argv[0]!r}; one of {', '.join(COMMANDS)}", file=sys.stderr)
+            return 2
+        print(__doc__.strip())
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    try:
+        return {"train": _train, "eval": _eval, "generate": _generate, "bench": _bench}[command](rest)
+    except (FileNotFoundError, ConfigError, AdapterError, KeyError, ValueError) as err:
+        message = str(err).strip("'\"").splitlines()[0] if str(err) else type(err).__name__
+        print(f"focus {command}: error: {message}", file=sys.stderr)
+        return 2
+
+
+def _parse(command: str, classes: tuple, argv: list[str]) -> tuple:
+    from transformers import HfArgumentParser
+
+    parser = HfArgumentParser(classes, prog=f"focus {command}")
+    return parser.parse_args_into_dataclasses(args=argv)
+
+
+def _train(argv: list[str]) -> int:
+    from .experiments import prepare_tokens, train_focus
+
+    model, data, args, focus, train = _parse(
+        "train", (ModelArguments, DataArguments, TrainArguments, FocusConfig, TrainConfig), argv)
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    tokens = out / f"{data.domain}.tokens.safetensors"
+    if not tokens.exists():
+        prepare_tokens(model.model, data.domain, ["train", "validation"], tokens, data.mirror)
+    summary = train_focus(
+        model.model, model.dtype, to_dict(focus), asdict(train), tokens, args.seq_len, args.calibration_rows,
+        args.eval_rows, out / "adapter", out / "metrics.jsonl", out / "summary.json",
+    )
+    final = summary.get("final", {})
+    print(f"adapter: {out / 'adapter'}  validation perplexity {final.get('eval/ppl', float('nan')):.2f} after "
+          f"{final.get('step')} steps ({summary.get('trainable_parameters')} trained parameters)")
+    return 0
+
+
+def _eval(argv: list[str]) -> int:
+    from .adapter import resolve_adapter
+    from .experiments import evaluate_benchmarks, evaluate_perplexity, prepare_tokens
+
+    model, data, adapter, args = _parse("eval", (ModelArguments, DataArguments, AdapterArguments, EvalArguments), argv)
+    trained = resolve_adapter(adapter.adapter, adapter.revision) if adapter.adapter else None
+    method = f"focus-{adapter.mode}" if trained else "pretrained"
+    with tempfile.TemporaryDirectory() as scratch:
+        output = Path(args.output or Path(scratch) / "record.json")
+        if args.tasks:
+            record = evaluate_benchmarks(model.model, model.dtype, method, args.tasks, [], output,
+                                         Path(scratch) / "samples", args.limit, args.batch_size, trained, data.mirror)
+            for task, metrics in record["tasks"].items():
+                print(f"{task}: " + ", ".join(f"{name} {value:.4f}" for name, value in metrics.items()
+                                               if isinstance(value, float)))
+            return 0
+        tokens = Path(scratch) / "tokens.safetensors"
+        prepare_tokens(model.model, data.domain, [args.split], tokens, data.mirror)
+        record = evaluate_perplexity(model.model, model.dtype, method, tokens, output, args.context_length,
+                                     max_tokens=args.max_tokens, batch_size=args.batch_size, trained=trained,
+                                     split=args.split)
+    print(f"{data.domain} {args.split} perplexity {record['perplexity']:.2f} ({method}, {record['tokens']} tokens, "
+          f"context {args.context_length})")
+    return 0
+
+
+def _generate(argv: list[str]) -> int:
+    import torch
+
+    from .adapter import load_focus
+    from .decoding import FocusCache
+    from .models import load_model
+    from .retrofit import set_focus_mode
+
+    model_args, adapter, args = _parse("generate", (ModelArguments, AdapterArguments, GenerateArguments), argv)
+    model, tokenizer = load_model(model_args.model, getattr(torch, model_args.dtype))
+    cache = None
+    if adapter.adapter:
+        load_focus(model, adapter.adapter, revision=adapter.revision)
+        set_focus_mode(model, adapter.mode)
+        cache = FocusCache(model) if adapter.mode == "hard" else None  # decoding reads the group index
+    if args.chat:
+        messages = [{"role": "user", "content": args.prompt}]
+        inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
+                                               return_dict=True)
+    else:
+        inputs = tokenizer(args.prompt, return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**inputs, past_key_values=cache, do_sample=False, max_new_tokens=args.max_new_tokens)
+    print(tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))
+    return 0
+
+
+def _bench(argv: list[str]) -> int:
+    (args,) = _parse("bench", (BenchArguments,), argv)
+    settings = [[int(part) for part in setting.split(":")] for setting in args.settings]
+    if any(len(setting) != 3 for setting in settings):
+        raise ValueError(f"--settings takes groups:window:top_k, got {' '.join(args.settings)}")
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    model = args.model or None
+    if args.kind == "decode":
+        from .decode_benchmark import run_decode_benchmark
+
+        run_decode_benchmark({"cache_lengths": args.lengths, "settings": settings, "dtype": args.dtype,
+                              "repeats": args.repeats, "prompt_lengths": args.prompt_lengths,
+                              "generate_settings": settings[:1]}, model, out / f"decode_step_{args.tag}.csv",
+                             out / f"generate_{args.tag}.csv", out / f"decode_speedup_{args.tag}.png")
+        tables = (f"decode_step_{args.tag}.md", f"generate_{args.tag}.md")
+    else:
+        from .benchmark import run_benchmark
+
+        run_benchmark({"lengths": args.lengths, "settings": settings, "dtype": args.dtype, "repeats": args.repeats,
+                       "prefill_lengths": args.prompt_lengths, "prefill_settings": settings[:1]}, model,
+                      out / f"attention_{args.tag}.csv", out / f"prefill_{args.tag}.csv",
+                      out / f"speedup_{args.tag}.png")
+        tables = (f"attention_{args.tag}.md", f"prefill_{args.tag}.md")
+    for table in tables:
+        print((out / table).read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""The `focus` command, run in-process: train, eval and generate on a tiny model and the data mirror."""
+
+import json
+
+import pytest
+
+from focus.cli import main
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_help_lists_the_commands_and_each_option_says_what_it_sets(capsys):
+    assert main([]) == 2 and "focus train" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--help"])
+    assert exit_.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps the help lines
+    for expected in ("Groups (centroids) per routing head.", "Peak AdamW learning rate", "--route_queries {key,query}",
+                     "Folder for adapter/, metrics.jsonl"):
+        assert expected in text, expected
+
+
+def test_unknown_commands_and_missing_adapters_are_one_line_errors(tmp_path, capsys):
+    assert main(["tune"]) == 2
+    assert capsys.readouterr().err.strip() == "focus: error: unknown command 'tune'; one of train, eval, generate, bench"
+    assert main(["generate", "--model", "tiny:llama", "--adapter", str(tmp_path / "absent"), "--prompt", "Hi"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("focus generate: error: no Focus adapter at ") and "\n" not in error
+
+
+def test_train_then_eval_then_generate_through_the_adapter(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "--model", "tiny:llama", "--output", str(out), "--seq_len", "64", "--calibration_rows", "2",
+                 "--eval_rows", "2", "--steps", "2", "--batch_size", "2", "--lr", "1e-2", "--num_groups", "4",
+                 "--window", "8", "--top_k", "1", "--checkpoint_every", "0"]) == 0
+    assert "validation perplexity" in capsys.readouterr().out
+    assert json.loads((out / "summary.json").read_text())["final"]["step"] == 2
+    assert (out / "adapter" / "README.md").is_file()
+
+    record = tmp_path / "eval.json"
+    assert main(["eval", "--model", "tiny:llama", "--adapter", str(out / "adapter"), "--mode", "hard", "--split",
+                 "validation", "--context_length", "64", "--max_tokens", "256", "--output", str(record)]) == 0
+    assert capsys.readouterr().out.startswith("books validation perplexity ")
+    saved = json.loads(record.read_text())
+    assert saved["method"] == "focus-hard" and saved["tokens"] == 255  # every token after the first is scored
+
+    assert main(["generate", "--model", "tiny:llama", "--adapter", str(out / "adapter"), "--prompt", "Once upon",
+                 "--max_new_tokens", "4"]) == 0
+    assert capsys.readouterr().out.strip()  # the continuation (random weights: any text)
+
+
+def test_bench_writes_the_decode_tables_and_refuses_malformed_settings(tmp_path, capsys):
+    assert main(["bench", "--kind", "decode", "--lengths", "1024", "--settings", "8:64:1", "--model", "",
+                 "--repeats", "1", "--output", str(tmp_path), "--tag", "t"]) == 0
+    assert "| cache |" in capsys.readouterr().out.replace("|   cache |", "| cache |")
+    assert (tmp_path / "decode_step_t.csv").is_file() and (tmp_path / "decode_speedup_t.png").is_file()
+    assert main(["bench", "--kind", "decode", "--settings", "8:64", "--output", str(tmp_path / "bad")]) == 2
+    assert "groups:window:top_k" in capsys.readouterr().err and not (tmp_path / "bad").exists()
