@@ -33,7 +33,8 @@ def decode_step_rows(
 ) -> list[dict]:
     """One row per (cache length, (groups, window, top_k), (query heads, key/value heads)): the median seconds of one
     decoding step, full SDPA over the cache against the sparse step (taking turns), their ratio, the pair-count limit
-    and the index's size against the cache's. Groups are random and balanced, as trained groups are in expectation."""
+    (cached keys over keys a query head reads), the read limit (key/value rows each side reads) and the index's size
+    against the cache's. Groups are random and balanced, as trained groups are in expectation."""
     device = torch.device(device)
     rows = []
     for length, (heads, k_heads) in ((n, layout) for n in cache_lengths for layout in head_layouts):
@@ -53,6 +54,9 @@ def decode_step_rows(
                 "cache": length, "heads": heads, "kv_heads": k_heads, "head_dim": head_dim,
                 "dtype": str(dtype).removeprefix("torch."), "groups": num_groups, "window": window, "top_k": top_k,
                 "full_s": full_s, "focus_s": focus_s, "speedup": full_s / focus_s, "pair_limit": length / read,
+                # Full attention reads each key/value head's rows once for its query heads; the sparse step reads
+                # each query head's own rows: with grouped-query attention, the bound the bytes set.
+                "read_limit": k_heads * length / (heads * read),
                 "index_share": index_share(index, key, value),
             }
             row["of_limit"] = row["speedup"] / row["pair_limit"]
@@ -216,8 +220,10 @@ def plot_decode_speedup(step_csv: str | Path, figure: str | Path) -> None:
         (line,) = ax.plot(part["cache"], part["speedup"], marker="o",
                           label=f"H={heads}/{k_heads} G={groups} w={window} top-{top_k}")
         ax.plot(part["cache"], part["pair_limit"], linestyle="--", color=line.get_color(), alpha=0.7)
+        if heads != k_heads and "read_limit" in part:
+            ax.plot(part["cache"], part["read_limit"], linestyle=":", color=line.get_color(), alpha=0.7)
     token_axis(ax, frame["cache"])
     ax.set(xlabel="cached tokens", ylabel="speedup over SDPA on the whole cache",
-           title="Focus hard decoding step through the group index (dashed: pair-count limit)")
+           title="Focus hard decoding step through the group index\n(dashed: pair-count limit; dotted: rows-read limit)")
     ax.legend(fontsize="small")
     save_figure(fig, figure)

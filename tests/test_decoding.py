@@ -180,4 +180,5 @@ def test_decode_step_rows_time_both_sides_and_count_the_keys_a_step_reads():
         k = row["top_k"]
         expected_read = 64 + (2048 - 64) * (1 - math.comb(8 - k, k) / math.comb(8, k))
         assert row["pair_limit"] == pytest.approx(2048 / expected_read, rel=0.15)
+        assert row["read_limit"] == pytest.approx(row["pair_limit"] * 2 / 4)  # 4 query heads read, 2 kv heads shared
         assert row["index_share"] < 0.05 * 4  # head size 16 here: the index weighs 4x more against the cache
