@@ -182,3 +182,14 @@ def test_decode_step_rows_time_both_sides_and_count_the_keys_a_step_reads():
         assert row["pair_limit"] == pytest.approx(2048 / expected_read, rel=0.15)
         assert row["read_limit"] == pytest.approx(row["pair_limit"] * 2 / 4)  # 4 query heads read, 2 kv heads shared
         assert row["index_share"] < 0.05 * 4  # head size 16 here: the index weighs 4x more against the cache
+
+
+def test_cache_rows_are_addressed_in_place_when_the_cache_is_a_prefix_and_copied_otherwise():
+    from focus.decoding import _as_rows
+
+    buffer = torch.randn(2, 3, 10, 4)
+    for cache, copied in ((buffer[:, :, :7], False), (buffer, False), (buffer[:, :, 3:], True)):
+        rows, span = _as_rows(cache)
+        for b, k, p in [(0, 0, 0), (1, 2, cache.shape[2] - 1), (1, 0, 4)]:
+            assert torch.equal(rows[(b * 3 + k) * span + p], cache[b, k, p])
+        assert (rows.data_ptr() != buffer.data_ptr()) == copied
