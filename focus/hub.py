@@ -18,6 +18,7 @@ from pathlib import Path
 from transformers import PreTrainedModel
 
 from .adapter import CARD_NAME, CONFIG_NAME, WEIGHTS_NAME, load_focus, read_adapter_config, resolve_adapter, save_focus
+from .files import atomic_write
 
 
 def load_focus_model(source: str | Path, revision: str | None = None, dtype=None, device: str = "cpu",
@@ -68,7 +69,7 @@ def write_model_card(directory: str | Path, training: dict | None = None, evalua
         lines += [f"| {name} | {value:.2f} |" for name, value in evaluation.items()]
     lines += ["", f"Saved by focus {record.get('focus_version', '?')} (commit {record.get('git_commit', '?')}).", ""]
     path = directory / CARD_NAME
-    path.write_text("\n".join(lines))
+    atomic_write(path, lambda tmp: tmp.write_text("\n".join(lines)))
     return path
 
 
