@@ -1,6 +1,8 @@
 """Adapters by hub repo id (offline, from a folder laid out as huggingface_hub's cache), the one-call loader, the
-model card and push_to_hub."""
+model card and push_to_hub (the hub's HTTP API answered in-process)."""
 
+import base64
+import json
 import shutil
 from pathlib import Path
 
@@ -91,17 +93,49 @@ def test_the_model_card_names_the_base_model_config_training_and_perplexity(tmp_
         assert expected in card, expected
 
 
-def test_push_to_hub_uploads_the_adapter_and_its_card(tmp_path, monkeypatch):
-    model, _ = trained_adapter(tmp_path / "unused", seed=5)
-    calls = {}
+@pytest.fixture
+def fake_hub():
+    """The hub's HTTP API answered in-process (httpx.MockTransport under huggingface_hub's client): the requests
+    made, and each committed file's bytes."""
+    import httpx
+    from huggingface_hub.utils._http import default_client_factory, set_client_factory
 
-    def upload_folder(self, repo_id, folder_path, allow_patterns, **kwargs):
-        calls["upload"] = (repo_id, sorted(path.name for path in Path(folder_path).iterdir()), sorted(allow_patterns))
-        return "https://huggingface.co/someone/focus-tiny/commit/" + "d" * 40
+    requests, committed = [], {}
 
-    monkeypatch.setattr("huggingface_hub.HfApi.create_repo", lambda self, repo_id, **kw: calls.setdefault("repo", repo_id))
-    monkeypatch.setattr("huggingface_hub.HfApi.upload_folder", upload_folder)
-    url = push_to_hub(model, "someone/focus-tiny", base_model=BASE)
-    files = sorted([CARD_NAME, CONFIG_NAME, WEIGHTS_NAME])
-    assert calls == {"repo": "someone/focus-tiny", "upload": ("someone/focus-tiny", files, files)}
+    def answer(request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        requests.append((request.method, path))
+        if path == "/api/repos/create":
+            return httpx.Response(200, json={"url": "https://huggingface.co/someone/focus-tiny"})
+        if path == "/api/validate-yaml":  # the model card's front matter
+            return httpx.Response(200, json={"errors": [], "warnings": []})
+        if "/preupload/" in path:  # small files: sent inside the commit itself
+            files = json.loads(request.content)["files"]
+            modes = [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in files]
+            return httpx.Response(200, json={"files": modes})
+        if "/commit/" in path:
+            for line in request.content.decode().splitlines():
+                entry = json.loads(line)
+                if entry["key"] == "file":
+                    committed[entry["value"]["path"]] = base64.b64decode(entry["value"]["content"])
+            commit = "https://huggingface.co/someone/focus-tiny/commit/" + "d" * 40
+            return httpx.Response(200, json={"commitUrl": commit, "commitOid": "d" * 40})
+        return httpx.Response(404, json={"error": f"not part of this fake: {request.method} {path}"})
+
+    set_client_factory(lambda: httpx.Client(transport=httpx.MockTransport(answer)))
+    try:
+        yield requests, committed
+    finally:
+        set_client_factory(default_client_factory)
+
+
+def test_push_to_hub_creates_the_repo_and_commits_the_adapter_and_its_card(tmp_path, fake_hub):
+    requests, committed = fake_hub
+    model, folder = trained_adapter(tmp_path / "saved", seed=5)
+    url = push_to_hub(model, "someone/focus-tiny", base_model=BASE, token="hf_not_a_real_token")
     assert url.endswith("d" * 40)
+    assert ("POST", "/api/repos/create") in requests
+    assert ("POST", "/api/models/someone/focus-tiny/commit/main") in requests
+    assert sorted(committed) == sorted([CARD_NAME, CONFIG_NAME, WEIGHTS_NAME])
+    assert committed[WEIGHTS_NAME] == (folder / WEIGHTS_NAME).read_bytes()  # the same centroids as save_focus wrote
+    assert committed[CARD_NAME].decode().startswith("---\nlibrary_name: focus-attention")
