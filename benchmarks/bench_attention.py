@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from focus.benchmark import run_benchmark
+from focus.benchmark import parse_settings, run_benchmark
 
 
 def main() -> None:
@@ -34,13 +34,11 @@ def main() -> None:
     parser.add_argument("--tag", default="cpu")
     args = parser.parse_args()
 
-    def parse(settings):
-        return [[int(x) for x in s.split(":")] for s in settings]
-
     settings = {
-        "lengths": args.lengths, "settings": parse(args.settings), "heads": args.heads, "head_dim": args.head_dim,
-        "dtype": args.dtype, "repeats": args.repeats, "prefill_lengths": args.prefill_lengths,
-        "prefill_settings": parse(args.prefill_settings), "routings": args.routings,
+        "lengths": args.lengths, "settings": parse_settings(args.settings), "heads": args.heads,
+        "head_dim": args.head_dim, "dtype": args.dtype, "repeats": args.repeats,
+        "prefill_lengths": args.prefill_lengths, "prefill_settings": parse_settings(args.prefill_settings),
+        "routings": args.routings,
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

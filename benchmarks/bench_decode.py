@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from focus.benchmark import parse_settings
 from focus.decode_benchmark import run_decode_benchmark
 
 
@@ -32,13 +33,11 @@ def main() -> None:
     parser.add_argument("--tag", default="cpu")
     args = parser.parse_args()
 
-    def parse(settings):
-        return [[int(x) for x in s.split(":")] for s in settings]
-
     settings = {
-        "cache_lengths": args.cache_lengths, "settings": parse(args.settings), "head_layouts": parse(args.head_layouts),
+        "cache_lengths": args.cache_lengths, "settings": parse_settings(args.settings),
+        "head_layouts": parse_settings(args.head_layouts, "query heads:key/value heads"),
         "head_dim": args.head_dim, "dtype": args.dtype, "repeats": args.repeats, "prompt_lengths": args.prompt_lengths,
-        "generate_settings": parse(args.generate_settings), "new_tokens": args.new_tokens,
+        "generate_settings": parse_settings(args.generate_settings), "new_tokens": args.new_tokens,
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,17 @@ from .decomposed import decomposed_hard_attention, pair_counts, select_backend
 from .reference import sink_keys
 
 
+def parse_settings(values: list[str], fields: str = "groups:window:top_k") -> list[list[int]]:
+    """Command-line settings such as "16:256:1" -> [[16, 256, 1]], each with as many integers as `fields` names."""
+    parsed = []
+    for value in values:
+        parts = value.split(":")
+        if len(parts) != fields.count(":") + 1 or not all(part.isdigit() for part in parts):
+            raise ValueError(f"a setting is {fields} (integers), got {value!r}")
+        parsed.append([int(part) for part in parts])
+    return parsed
+
+
 def median_seconds(call: Callable[[], object], repeats: int, device: torch.device) -> tuple[float, float]:
     """(median seconds over `repeats` after one warm-up call, peak memory in GiB above the start)."""
     call()

@@ -194,9 +194,9 @@ def _generate(argv: list[str]) -> int:
 
 def _bench(argv: list[str]) -> int:
     (args,) = _parse("bench", (BenchArguments,), argv)
-    settings = [[int(part) for part in setting.split(":")] for setting in args.settings]
-    if any(len(setting) != 3 for setting in settings):
-        raise ValueError(f"--settings takes groups:window:top_k, got {' '.join(args.settings)}")
+    from .benchmark import parse_settings
+
+    settings = parse_settings(args.settings)
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     model = args.model or None

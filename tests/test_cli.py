@@ -56,3 +56,13 @@ def test_bench_writes_the_decode_tables_and_refuses_malformed_settings(tmp_path,
     assert (tmp_path / "decode_step_t.csv").is_file() and (tmp_path / "decode_speedup_t.png").is_file()
     assert main(["bench", "--kind", "decode", "--settings", "8:64", "--output", str(tmp_path / "bad")]) == 2
     assert "groups:window:top_k" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+
+
+def test_settings_are_parsed_as_colon_separated_integers():
+    from focus.benchmark import parse_settings
+
+    assert parse_settings(["16:256:1", "8:64:2"]) == [[16, 256, 1], [8, 64, 2]]
+    assert parse_settings(["9:3"], "query heads:key/value heads") == [[9, 3]]
+    for bad in ("16:256", "16:256:x", "16:256:1:2"):
+        with pytest.raises(ValueError, match="groups:window:top_k"):
+            parse_settings([bad])
