@@ -1,4 +1,4 @@
-"""Tables and figures of the evaluation stages: benchmarks, TruthfulQA, LoRA grid, prompt lengths, long context.
+"""Tables and figures of the evaluation stages: benchmarks, TruthfulQA, LoRA grid, prompt lengths, long context, RULER.
 
 Same conventions as `focus.report`: CSV is the record (long form), a Markdown sibling for reading, PNG + SVG.
 """
@@ -132,6 +132,21 @@ def long_context_frame(perplexity_records: list[str | Path], needle_records: lis
     return pd.DataFrame(rows)
 
 
+def ruler_frame(records: list[str | Path]) -> pd.DataFrame:
+    """One row per (model, method, task, prompt length): RULER's score, its standard error and documents."""
+    rows = []
+    for path in records:
+        record = json.loads(Path(path).read_text())
+        for task, by_length in record["tasks"].items():
+            if "skipped" in by_length:
+                continue
+            for length, cell in by_length.items():
+                rows.append({"model": record["model"], "method": record["method"], "kind": method_kind(record["method"]),
+                             "task": task, "context_length": int(length), "value": cell["score"],
+                             "stderr": cell["stderr"], "documents": cell["documents"]})
+    return pd.DataFrame(rows)
+
+
 def write_evaluation_tables(
     benchmark_records: list[str | Path],
     samples: dict[str, str | Path],
@@ -142,8 +157,9 @@ def write_evaluation_tables(
     long_context_records: list[str | Path],
     needle_records: list[str | Path],
     outputs: dict[str, str | Path],
+    ruler_records: list[str | Path] = (),
 ) -> None:
-    """Write each table named in `outputs` (benchmarks, truthfulqa, prompt_lengths, lora, long_context) as CSV +
+    """Write each table named in `outputs` (benchmarks, truthfulqa, prompt_lengths, lora, long_context, ruler) as CSV +
     Markdown, and its figure where `outputs` names one (key + "_figure")."""
     from .models import load_tokenizer
 
@@ -158,6 +174,8 @@ def write_evaluation_tables(
         frames["lora"] = lora_frame(lora_summaries, perplexity_records)
     if "long_context" in outputs:
         frames["long_context"] = long_context_frame(long_context_records, needle_records)
+    if "ruler" in outputs:
+        frames["ruler"] = ruler_frame(ruler_records)
     for name, frame in frames.items():
         if name in outputs:
             write_text(outputs[name], frame.to_csv(index=False))
@@ -172,6 +190,9 @@ def _readable(name: str, frame: pd.DataFrame) -> pd.DataFrame:
         return frame.pivot_table(index=["model", "method"], columns="task", values="value", sort=False).reset_index()
     if name == "long_context" and not frame.empty:
         return frame.pivot_table(index=["model", "measure", "method"], columns="context_length", values="value",
+                                 sort=False).reset_index()
+    if name == "ruler" and not frame.empty:
+        return frame.pivot_table(index=["model", "task", "method"], columns="context_length", values="value",
                                  sort=False).reset_index()
     return frame
 
@@ -280,9 +301,41 @@ def plot_long_context(frame: pd.DataFrame, figure: str | Path) -> None:
     save_figure(fig, figure)
 
 
+def plot_ruler(frame: pd.DataFrame, figure: str | Path) -> None:
+    """Per model and RULER task: the score against prompt length, one line per method (error bars: 1 s.e.)."""
+    plt = pyplot()
+    if frame.empty:  # every task needed the hub and it was unreachable
+        fig, ax = plt.subplots(figsize=(5, 3.8))
+        ax.text(0.5, 0.5, "no RULER task ran (see the records' skip reasons)", ha="center", va="center")
+        ax.set_axis_off()
+        save_figure(fig, figure)
+        return
+    shown = list(dict.fromkeys(zip(frame["model"], frame["task"])))
+    fig, axes = panels(plt, len(shown))
+    for ax, (model, task) in zip(axes, shown):
+        part = frame[(frame["model"] == model) & (frame["task"] == task)]
+        methods = list(dict.fromkeys(part["method"]))
+        for rank, (method, cells) in enumerate(part.groupby("method", sort=False)):
+            cells = cells.sort_values("context_length")
+            nudge = 1 + 0.04 * (rank - (len(methods) - 1) / 2)  # side by side: equal scores would hide each other
+            ax.errorbar(cells["context_length"] * nudge, cells["value"], yerr=cells["stderr"].fillna(0),
+                        marker="os^vD"[rank % 5], capsize=3, label=method)
+        lengths = sorted(set(part["context_length"].astype(int)))
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(lengths, [str(length) for length in lengths])
+        ax.minorticks_off()
+        ax.set_ylim(-0.05, 1.05)
+        ax.set_xlabel("prompt length (tokens)")
+        ax.set_ylabel("score (share of answers found)")
+        ax.set_title(f"{model}: {task}, {int(part['documents'].max())} documents per length")
+        ax.legend(fontsize=7)
+    save_figure(fig, figure)
+
+
 _FIGURES = {
     "benchmarks": plot_benchmarks,
     "truthfulqa": plot_truthfulqa,
     "prompt_lengths": plot_prompt_lengths,
     "long_context": plot_long_context,
+    "ruler": plot_ruler,
 }

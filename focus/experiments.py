@@ -7,6 +7,7 @@
     evaluate_perplexity  (model, method, domain) -> sliding-window perplexity record
     evaluate_benchmarks  (model, method) -> lm-eval scores and per-document logs
     evaluate_needle      (model, method) -> pass-key retrieval from long passages
+    evaluate_ruler       (model, method) -> RULER scores (lm-eval) at each prompt length, per-document logs
 
 Functions take plain values (paths, dicts of config fields) and write their artifacts atomically. Training runs
 in a `run/` folder beside the outputs that the pipeline does not declare, so a killed job keeps its checkpoint
@@ -44,6 +45,7 @@ from .perplexity import perplexity
 from .profile import FULL_FINETUNE, method_variant
 from .provenance import provenance
 from .retrofit import apply_focus, calibrate_centroids, focus_parameter_count, set_focus_mode
+from .ruler import run_ruler
 from .training import CHECKPOINT_NAME, METRICS_NAME, CheckpointError, TrainConfig, evaluate_loss, train_centroids
 
 _log = logging.getLogger(__name__)
@@ -345,6 +347,38 @@ def evaluate_needle(
         "source": source,
         "accuracy": sum(trial["correct"] for trial in trials_run) / len(trials_run),
         "trials": trials_run,
+        "seconds": round(time.perf_counter() - tic, 1),
+        "provenance": provenance(),
+        **_method_record(method, trained),
+    }
+    write_json(output, record)
+    return record
+
+
+def evaluate_ruler(
+    source: str,
+    dtype: str,
+    method: str,
+    output: str | Path,
+    samples: str | Path,
+    tasks: list[str],
+    lengths: list[int],
+    limit: int | None,
+    trained: str | Path | None = None,
+    labels: dict[str, str] | None = None,
+) -> dict:
+    """RULER (`focus.ruler`) of one (model, method): `limit` documents per task and prompt length."""
+    model, tokenizer = load_method(source, dtype, method, trained)
+    tic = time.perf_counter()
+    scores, logs = run_ruler(model, tokenizer, tasks, lengths, limit)
+    write_folder_atomically(Path(samples), lambda folder: write_samples(folder, logs))
+    record = {
+        **(labels or {}),
+        "method": method,
+        "source": source,
+        "tasks": scores,
+        "lengths": lengths,
+        "limit": limit,
         "seconds": round(time.perf_counter() - tic, 1),
         "provenance": provenance(),
         **_method_record(method, trained),

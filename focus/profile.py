@@ -104,6 +104,8 @@ def _check_positions(profile: dict[str, Any]) -> None:
         asked += [("long_context.context_lengths", length, long["models"]) for length in long["context_lengths"]]
         for length in (long.get("needle") or {}).get("lengths", []):
             asked.append(("long_context.needle.lengths", length, long["models"]))
+        for length in (long.get("ruler") or {}).get("lengths", []):
+            asked.append(("long_context.ruler.lengths", length, long["models"]))
     limits: dict[str, int | None] = {}
     for key, length, names in asked:
         for name in names:
@@ -177,7 +179,7 @@ def _evaluation_sections(config: dict[str, Any], models: dict[str, Any], methods
         harness["methods"] = [PRETRAINED, *focus_methods, *lora_methods]
         resolved["harness"] = harness
     if config.get("long_context") is not None:
-        long_context = {"batch_size": 1, "max_tokens": None, "needle": None, **config["long_context"]}
+        long_context = {"batch_size": 1, "max_tokens": None, "needle": None, "ruler": None, **config["long_context"]}
         long_context["models"] = _section_models("long_context", long_context, models)
         long_context["methods"] = [PRETRAINED, *focus_methods]
         domain = long_context["domain"]

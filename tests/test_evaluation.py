@@ -212,6 +212,28 @@ def test_zero_degradation_verdict_allows_noise_and_reports_prompt_coverage():
     assert judge_claims({"main_model": "m", "train_domain": "b", "benchmarks": beyond}).iloc[1]["verdict"] == FAILS
 
 
+def _ruler(values: dict[str, tuple[float, float]]) -> pd.DataFrame:
+    """A RULER table: one task at two lengths, {kind: (score, stderr)} at both."""
+    return pd.DataFrame([
+        {"model": "m", "method": kind, "kind": kind, "task": "niah_single_1", "context_length": length,
+         "value": value, "stderr": stderr, "documents": 4}
+        for kind, (value, stderr) in values.items() for length in (1024, 2048)
+    ])
+
+
+def test_zero_degradation_is_judged_on_ruler_long_prompts_too():
+    claim = "downstream benchmarks after retrofit"
+    short = _bench({"pretrained": (0.50, 0.05), "focus-hard": (0.50, 0.05)}, task="arc_easy")
+    within = _ruler({"pretrained": (1.0, 0.0), "focus-hard": (0.75, 0.25)})
+    row = judge_claims({"main_model": "m", "train_domain": "b", "ruler": within}).set_index("claim").loc[claim]
+    assert row["verdict"] == HOLDS and "RULER focus-hard -0.25 mean Δscore" in row["ours"]
+    assert row["setting"] == "RULER 1 tasks at 1024/2048 tokens, 4 docs each"
+    beyond = _ruler({"pretrained": (1.0, 0.0), "focus-hard": (0.25, 0.25)})  # short prompts alike, long ones not
+    results = {"main_model": "m", "train_domain": "b", "benchmarks": short, "ruler": beyond}
+    row = judge_claims(results).set_index("claim").loc[claim]
+    assert row["verdict"] == FAILS and row["setting"].startswith("1 tasks, zero-shot, 100 docs each; RULER")
+
+
 def test_hub_only_tasks_are_skipped_at_once_when_the_hub_does_not_answer(monkeypatch):
     from huggingface_hub import constants
 

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from focus import wandb_file
+from focus.claims import CLAIMS
 
 ROOT = Path(__file__).resolve().parent.parent
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile")]
@@ -48,7 +49,8 @@ MINI = {
     "harness": {"models": ["tiny-qwen2"], "tasks": ["arc_easy", "hellaswag"], "chat_tasks": ["truthfulqa_mc1", "truthfulqa_mc2"],
                 "limit": 3, "batch_size": 4},
     "long_context": {"models": ["tiny-qwen2"], "domain": "books", "context_lengths": [64, 128], "max_tokens": 512,
-                     "needle": {"lengths": [96], "depths": [0.5], "trials": 2}},
+                     "needle": {"lengths": [96], "depths": [0.5], "trials": 2},
+                     "ruler": {"tasks": ["niah_single_1", "niah_single_2"], "lengths": [256], "limit": 1}},
     "interpret": {"models": ["tiny-qwen2"], "tokens": 256, "layers": [0, 1], "top_tokens": 3},
     # The design study's table on the tiny model (its long context, needle and groups are measured above).
     "study": {"model": "tiny-qwen2", "baseline": "focus", "domain": "books"},
@@ -105,7 +107,7 @@ def test_dry_run_of_the_evaluation_profile_plans_the_lora_grid_and_every_method(
     assert counts["benchmarks"] == 1 + focus_modes + lora_cells  # pretrained, Focus soft and hard, every LoRA cell
     assert counts["perplexity"] == (1 + focus_modes + lora_cells) * 2
     assert counts["long_context_perplexity"] == (1 + focus_modes) * context_lengths
-    assert counts["needle"] == 1 + focus_modes and counts["interpret"] == 1
+    assert counts["needle"] == counts["ruler"] == 1 + focus_modes and counts["interpret"] == 1
     assert counts["evaluation_tables"] == counts["claims"] == 1
 
 
@@ -208,8 +210,13 @@ def test_minimal_run_writes_sane_artifacts(mini_run):
     assert json.loads((results / "train" / "tiny-qwen2" / "lora_r2_lr1e-3" / "adapter" / "adapter_config.json").read_text())["r"] == 2
     long_context = pd.read_csv(results / "tables" / "long_context.csv")
     assert set(long_context["measure"]) == {"perplexity", "needle_accuracy", "needle_key_logprob"}
+    ruler = pd.read_csv(results / "tables" / "ruler.csv")  # niah_single_2 reads essays from the hub: skipped
+    assert len(ruler) == 3 and set(ruler["task"]) == {"niah_single_1"} and set(ruler["documents"]) == {1}
+    record = json.loads((results / "long_context" / "tiny-qwen2" / "focus-hard" / "ruler.json").read_text())
+    assert record["tasks"]["niah_single_2"] == {"skipped": "not in the data mirror and the hub is offline"}
     claims = pd.read_csv(results / "tables" / "claims.csv")
-    assert len(claims) == 8 and set(claims["verdict"]) <= {"holds", "does not hold", "not testable in this profile"}
+    assert "RULER 1 tasks at 256 tokens" in claims.set_index("claim").loc["downstream benchmarks after retrofit", "setting"]
+    assert len(claims) == len(CLAIMS) and set(claims["verdict"]) <= {"holds", "does not hold", "not testable in this profile"}
 
     study = pd.read_csv(results / "tables" / "study.csv").set_index("design")
     assert list(study.index) == ["pretrained", "focus"]
@@ -240,11 +247,11 @@ def test_wandb_run_file_holds_every_table_and_figure(mini_run):
     assert run_file.is_relative_to(results / "wandb")
     media = wandb_file.logged_media(run_file)
     tables = ("perplexity", "training", "attention", "prefill", "benchmarks", "prompt_lengths", "truthfulqa", "lora",
-              "long_context", "study", "claims")
+              "long_context", "ruler", "study", "claims")
     # interpret/<model>/<variant>/ files are keyed by their stem while one model has them
     tables = (*tables, "group_layers")
     figures = ("loss_curves", "perplexity", "speedup", "benchmarks", "prompt_lengths", "truthfulqa", "long_context",
-               "study_curves", "group_categories", "group_categories_overview", "group_balance", "group_alignment")
+               "ruler", "study_curves", "group_categories", "group_categories_overview", "group_balance", "group_alignment")
     assert media == {**{f"tables/{name}": "table-file" for name in tables},
                      **{f"figures/{name}": "image-file" for name in figures}}
     # One run per training job, mirroring its metrics.jsonl step for step.

@@ -113,6 +113,10 @@ def needle_files():
     return [f"{R}/long_context/{m}/{method}/needle.json" for m in LONG["models"] for method in LONG["methods"]] if LONG.get("needle") else []
 
 
+def ruler_files():
+    return [f"{R}/long_context/{m}/{method}/ruler.json" for m in LONG["models"] for method in LONG["methods"]] if LONG.get("ruler") else []
+
+
 TABLES = {name: f"{R}/tables/{name}.csv" for name in ("perplexity", "training")}
 FIGURES = {name: f"{R}/figures/{name}.png" for name in ("loss_curves", "perplexity")}
 if P.get("benchmark"):
@@ -163,11 +167,15 @@ if HARNESS["models"]:
 if LONG["models"]:
     TABLES.update(long_context=f"{R}/tables/long_context.csv")
     FIGURES.update(long_context=f"{R}/figures/long_context.png")
+    if LONG.get("ruler"):
+        TABLES.update(ruler=f"{R}/tables/ruler.csv")
+        FIGURES.update(ruler=f"{R}/figures/ruler.png")
 STUDY = P.get("study") or {}  # the design study (workflow/rules/study.smk)
 if STUDY:
     TABLES.update(study=f"{R}/tables/study.csv")
     FIGURES.update(study_curves=f"{R}/figures/study_curves.png")
-EVALUATION_TABLES = [name for name in ("benchmarks", "truthfulqa", "prompt_lengths", "lora", "long_context") if name in TABLES]
+EVALUATION_TABLES = [name for name in ("benchmarks", "truthfulqa", "prompt_lengths", "lora", "long_context", "ruler")
+                     if name in TABLES]
 TABLES.update(claims=f"{R}/tables/claims.csv")
 # The model the claims are judged on: the one the evaluation stages cover (SmolLM2 in the tiny profiles).
 MAIN_MODEL = (HARNESS["models"] or LONG["models"] or MODELS)[0]

@@ -110,3 +110,25 @@ rule needle:
         gpu=model_eval_gpus,  # > 1: one process, the model's layers spread over them
     script:
         "../scripts/needle.py"
+
+
+rule ruler:
+    """RULER's long-context tasks through lm-eval (synthetic haystacks generated offline), per prompt length."""
+    conda:
+        ENVIRONMENT
+    input:
+        unpack(method_inputs),
+    output:
+        record=f"{R}/long_context/{{model}}/{{method}}/ruler.json",
+        samples=directory(f"{R}/long_context/{{model}}/{{method}}/ruler_samples"),
+    log:
+        f"{R}/logs/ruler/{{model}}/{{method}}.log",
+    params:
+        source=model_source,
+        dtype=model_dtype,
+        ruler=LONG.get("ruler"),
+    threads: 2
+    resources:
+        gpu=model_eval_gpus,  # > 1: one process, the model's layers spread over them
+    script:
+        "../scripts/ruler.py"

@@ -47,6 +47,7 @@ if EVALUATION_TABLES:
             perplexity=perplexity_files(),
             long_context=long_context_files(),
             needle=needle_files(),
+            ruler=ruler_files(),
         output:
             **evaluation_outputs(),
         log:

@@ -1,4 +1,4 @@
-"""Rule evaluation_tables: benchmark, TruthfulQA, prompt-length, LoRA and long-context tables and figures."""
+"""Rule evaluation_tables: benchmark, TruthfulQA, prompt-length, LoRA, long-context and RULER tables and figures."""
 
 from focus.eval_report import write_evaluation_tables
 from focus.experiments import start_job
@@ -13,5 +13,6 @@ write_evaluation_tables(
     perplexity_records=snakemake.input.perplexity,
     long_context_records=snakemake.input.long_context,
     needle_records=snakemake.input.needle,
+    ruler_records=snakemake.input.ruler,
     outputs={name: path for name, path in snakemake.output.items() if not name.endswith(("_md", "_svg"))},
 )

@@ -1,0 +1,15 @@
+"""Rule ruler: RULER (lm-eval) of one (model, method) at each prompt length."""
+
+from focus.experiments import evaluate_ruler, start_job
+
+start_job(snakemake.log[0], snakemake.threads)
+evaluate_ruler(
+    source=snakemake.params.source,
+    dtype=snakemake.params.dtype,
+    method=snakemake.wildcards.method,
+    output=snakemake.output.record,
+    samples=snakemake.output.samples,
+    trained=snakemake.input.get("trained"),
+    labels={"model": snakemake.wildcards.model},
+    **snakemake.params.ruler,
+)
