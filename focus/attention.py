@@ -15,6 +15,7 @@ from .config import FocusConfig
 from .decomposed import decomposed_hard_attention
 from .decoding import GroupIndex, index_new_keys, sparse_decode_attention, take_cache_index
 from .distributed import average_across_processes
+from .recall import LOSSES_ATTRIBUTE, recall_loss
 from .reference import causal_pairs, dense_attention, hard_allowed, sink_keys, soft_bias, split_query_heads
 from .routing import inference_log_assign, routing_logits, sinkhorn, top_k_groups, undo_rotary
 
@@ -139,6 +140,12 @@ def focus_attention(
         return out.transpose(1, 2).contiguous(), None
 
     valid, log_p_q, log_p, sinks = route_call(module, query, key_vectors, base_mask, positions)
+    if config.objective == "attention_recall" and torch.is_grad_enabled() and module.focus_centroids.requires_grad:
+        # Training for recall: the layer attends as the pretrained model does, and scores its routing against that.
+        loss = recall_loss(query, key, log_p_q, log_p, config.window, base_mask, sinks, scaling, softcap)
+        module.__dict__.setdefault(LOSSES_ATTRIBUTE, []).append(loss)
+        out = unmodified_attention(query, key, value, base_mask, scaling, dropout, softcap)
+        return out.transpose(1, 2).contiguous(), None
     if config.mode == "soft":
         bias, allowed = soft_bias(log_p_q, log_p, config.window, base_mask, config.gate_floor, sinks, config.gate)
     else:

@@ -162,6 +162,16 @@ class FocusConfig:
         default=1e-6,
         metadata={"help": "Soft gate log(sum_g P_ig P_jg) is clamped at log(gate_floor) to stay finite."},
     )
+    objective: Literal["language_model", "attention_recall"] = field(
+        default="language_model",
+        metadata={
+            "help": "What the centroids learn from: 'language_model' trains them through the soft gate on the "
+            "next-token loss; 'attention_recall' runs the model's own attention and trains the routing to keep "
+            "the distant pairs that attention weighs (the log of each query's soft recall of its distant attention "
+            "mass, weighted by that mass), so that the hard pattern loses as little of the pretrained model as "
+            "it can at its cost."
+        },
+    )
 
     def __post_init__(self) -> None:
         check_types(self)

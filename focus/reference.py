@@ -80,13 +80,19 @@ def soft_gate(log_p_q: torch.Tensor, log_p_k: torch.Tensor, floor: float, form: 
     Returns:
         (B, K or H, Q, L) float32, the head axis of `log_p_q`.
     """
-    p_q = split_query_heads(_probabilities(log_p_q), log_p_k.shape[1])  # (B, K, R, Q, G)
-    same_group = torch.einsum("bkrqg,bklg->bkrql", p_q, _probabilities(log_p_k)).flatten(1, 2)
+    same_group = group_overlap(log_p_q, log_p_k).flatten(1, 2)
     if form == "overlap":
         return same_group.clamp_min(floor).log()
     if form == "neutral":
         return (same_group * log_p_k.shape[-1]).clamp_min(floor).log().clamp_max(0.0)
     raise ValueError(f"unknown soft gate {form!r}")
+
+
+def group_overlap(log_p_q: torch.Tensor, log_p_k: torch.Tensor) -> torch.Tensor:
+    """o_ij = sum_g P_ig P_jg, the probability that query i and key j share a group: (B, K, R or 1, Q, L) float32
+    from log-assignments (B, K or H or 1, Q, G) and (B, K, L, G), R query heads per key/value head."""
+    p_q = split_query_heads(_probabilities(log_p_q), log_p_k.shape[1])  # (B, K, R, Q, G)
+    return torch.einsum("bkrqg,bklg->bkrql", p_q, _probabilities(log_p_k))
 
 
 _NEGLIGIBLE_LOG_P = -30.0

@@ -54,6 +54,7 @@ from focus.distributed import (
 )
 from focus.files import atomic_write
 from focus.models import check_context_length, input_device
+from focus.recall import collect_recall_loss
 
 _log = logging.getLogger(__name__)
 
@@ -314,10 +315,11 @@ def train_centroids(
             batch = data[rows[rank::world]].to(device)  # (B / world, L): this process's share of the batch
 
             lr = optimizer.param_groups[0]["lr"]
-            ce, aux, grad_norm = _optimizer_step(model, batch, params, optimizer, config, aux_loss)
+            ce, aux, recall, grad_norm = _optimizer_step(model, batch, params, optimizer, config, aux_loss)
             scheduler.step()
             window.loss_sum += ce
             window.aux_sum += aux
+            window.recall_sum += recall
             window.steps += 1
             bar.update(1)
 
@@ -329,6 +331,8 @@ def train_centroids(
                 record["train/loss"] = train_loss
                 if aux_loss is not None:
                     record["train/aux_loss"] = window.aux_sum / window.steps
+                if math.isfinite(window.recall_sum):
+                    record["train/recall_loss"] = window.recall_sum / window.steps
                 record["train/lr"] = lr
                 record["train/grad_norm"] = float(grad_norm)
                 record["train/tokens"] = step * config.batch_size * seq_len
@@ -377,8 +381,10 @@ def _optimizer_step(
     optimizer: torch.optim.Optimizer,
     config: TrainConfig,
     aux_loss: Callable[[nn.Module], torch.Tensor] | None,
-) -> tuple[float, float, torch.Tensor]:
-    """One AdamW step on `batch` (B, L); returns (cross-entropy, aux loss or 0, pre-clip grad norm).
+) -> tuple[float, float, float, torch.Tensor]:
+    """One AdamW step on `batch` (B, L); returns (cross-entropy, aux loss or 0, recall loss or NaN, pre-clip grad
+    norm). Under Focus's attention-recall objective (`focus.recall`) the recall loss replaces the cross-entropy,
+    which is then the unmodified model's.
 
     Distributed, `batch` is this process's equal share of the global batch and the losses returned are means over
     the processes; so is the gradient (FSDP averages sharded ones as it reduce-scatters them, plain ones are
@@ -386,12 +392,13 @@ def _optimizer_step(
     """
     logits = model(input_ids=batch, use_cache=False).logits  # (B, L, V)
     ce = next_token_loss(logits, batch)
-    loss, aux = ce, 0.0
+    recall = collect_recall_loss(model)  # Focus's attention-recall objective: it replaces the next-token loss
+    loss, aux = ce if recall is None else recall, 0.0
     if aux_loss is not None:
         aux_value = aux_loss(model)
         aux = aux_value.detach().float().item()
         if config.balance_weight > 0:
-            loss = ce + config.balance_weight * aux_value
+            loss = loss + config.balance_weight * aux_value
     loss.backward()
     for p in params:
         if p.grad is not None and not is_sharded(p.grad):
@@ -403,10 +410,11 @@ def _optimizer_step(
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     ce_value = ce.detach().item()
+    recall_value = math.nan if recall is None else recall.detach().item()
     if rank_and_world()[1] > 1:
-        both = torch.tensor([ce_value, aux], dtype=torch.float64, device=ce.device)
-        ce_value, aux = average_across_processes(both).tolist()
-    return ce_value, aux, full_state(grad_norm)
+        values = torch.tensor([ce_value, aux, recall_value], dtype=torch.float64, device=ce.device)
+        ce_value, aux, recall_value = average_across_processes(values).tolist()
+    return ce_value, aux, recall_value, full_state(grad_norm)
 
 
 @dataclass
@@ -415,6 +423,7 @@ class _Window:
 
     loss_sum: float = 0.0
     aux_sum: float = 0.0
+    recall_sum: float = 0.0  # NaN when the run trains on the next-token loss
     steps: int = 0
 
 
