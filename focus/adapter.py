@@ -99,7 +99,7 @@ def read_adapter_config(directory: str | Path) -> dict:
 
 # FocusConfig fields added after adapters were first written, with the value every older adapter was trained with
 # (not today's default, which may differ).
-_LEGACY_FIELDS = {"route_queries": "key", "unrotate": False, "gate": "overlap"}
+_LEGACY_FIELDS = {"route_queries": "key", "unrotate": False, "gate": "overlap", "objective": "language_model"}
 
 
 def resolve_adapter(source: str | Path, revision: str | None = None, token: str | None = None) -> Path:

@@ -126,10 +126,14 @@ def train_focus(
         # After sharding, so that k-means runs on the GPUs through the sharded model (it may fit on none alone).
         calibrate_centroids(model, calibration if calibration_rows else None)
         reference = reference_evaluation(model, eval_data, config) if eval_data is not None else {}
+        # The validation curve in the mode the objective trains for: the recall objective trains the hard pattern.
+        eval_mode = "hard" if config.objective == "attention_recall" else config.mode
+        set_focus_mode(model, eval_mode, window=config.window)
         record = run_training(model, rows, TrainConfig.from_dict(train), Path(metrics), eval_data, progress)
+        set_focus_mode(model, config.mode, window=config.window)
         save_focus(model, adapter_dir, base_model=source)
         record.update(focus_config=to_dict(config), trainable_parameters=focus_parameter_count(model),
-                      reference_eval=reference)
+                      reference_eval=reference, eval_mode=eval_mode)
         if is_main_process():
             write_model_card(adapter_dir, training={**record, "train": train})
         return write_training_summary(summary, source, record, Path(metrics))

@@ -5,11 +5,15 @@ import math
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
-from focus import FocusConfig, apply_focus
+from focus import FocusConfig, apply_focus, load_focus, set_focus_mode
+from focus.adapter import read_adapter_config
+from focus.experiments import train_focus
+from focus.models import load_model
 from focus.recall import recall_loss
 from focus.reference import sink_keys
-from focus.training import METRICS_NAME, TrainConfig, train_centroids
+from focus.training import METRICS_NAME, TrainConfig, evaluate_loss, train_centroids
 from test_reference import padded_causal_mask
 from test_training import tiny_llama
 
@@ -77,3 +81,21 @@ def test_training_for_recall_keeps_the_model_output_and_raises_recall(tmp_path):
     with torch.enable_grad():  # the training path: Focus attends as the model does
         during = model(input_ids=data[:2]).logits
     torch.testing.assert_close(during, before, atol=1e-5, rtol=1e-5)
+
+
+def test_the_training_stage_scores_recall_centroids_in_hard_mode_and_saves_the_configured_mode(tmp_path):
+    ids = torch.randint(3, 4000, (12 * 32,), generator=torch.Generator().manual_seed(2), dtype=torch.int32)
+    tokens = tmp_path / "tokens.safetensors"
+    save_file({"train": ids[: 8 * 32], "validation": ids[8 * 32 :]}, str(tokens))
+    focus = {"num_groups": 4, "window": 8, "top_k": 1, "objective": "attention_recall"}
+    summary = train_focus("tiny:llama", "float32", focus, {"steps": 2, "batch_size": 2, "log_every": 1}, tokens, 32, 2,
+                          2, tmp_path / "adapter", tmp_path / "metrics.jsonl", tmp_path / "summary.json", progress=False)
+    assert summary["eval_mode"] == "hard" and math.isfinite(summary["final"]["train/recall_loss"])
+    saved = read_adapter_config(tmp_path / "adapter")["focus_config"]
+    assert saved["objective"] == "attention_recall" and saved["mode"] == "soft"  # as configured: users choose
+    # The curve's last point is the hard model's validation loss with the saved centroids.
+    model, _ = load_model("tiny:llama")
+    load_focus(model, tmp_path / "adapter")
+    set_focus_mode(model, "hard")
+    validation = ids[8 * 32 :].long().view(-1, 32)[:2]
+    assert evaluate_loss(model, validation) == pytest.approx(summary["final"]["eval/loss"], rel=1e-5)
