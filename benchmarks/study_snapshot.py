@@ -39,7 +39,8 @@ def main() -> None:
         test=[path for path in found if not path.name.endswith(".validation.json")],
         long_context=sorted((results / "long_context" / model).glob("*/ctx*.json")),
         needle=sorted((results / "long_context" / model).glob("*/needle.json")),
-        interpret=sorted((results / "interpret" / model).glob("*/summary.json")),
+        interpret=[path for path in sorted((results / "interpret" / model).glob("*/summary.json"))
+                   if path.parent.name in variants],
         table=Path(args.out) / f"study_{args.tag}.csv",
         figure=Path(args.out) / f"study_{args.tag}_curves.png",
     )
