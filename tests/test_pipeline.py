@@ -280,7 +280,7 @@ def test_forcerun_rebuilds_only_the_rule_and_its_dependants(mini_run):
     config = str(workdir / "config.yaml")
     planned = job_counts(snakemake(workdir, "--configfile", config, "-n", "--forcerun", "train_focus").stdout)
     assert planned == {"train_focus": 2, "perplexity": 2 * 2, "perplexity_validation": 2 * 2, "benchmarks": 2,
-                       "long_context_perplexity": 2 * 2, "needle": 2, "interpret": 1, "evaluation_tables": 1,
+                       "long_context_perplexity": 2 * 2, "needle": 2, "ruler": 2, "interpret": 1, "evaluation_tables": 1,
                        "tables": 1, "study": 1, "claims": 1, "figures": 1, "wandb_report": 1,
                        "notebook": 1, "all": 1}  # not tokenize, the baselines (full, LoRA), or their evaluations
 
