@@ -152,7 +152,6 @@ def run_tasks(
     or come back as {"skipped": reason} when the hub is offline. Metrics are plain floats keyed by lm-eval's
     names without the filter suffix ("acc", "acc_stderr", ...). Samples are lm-eval's per-document logs.
     """
-    from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
@@ -168,9 +167,23 @@ def run_tasks(
         hub = []
     manager = TaskManager(include_path=str(task_folder), include_defaults=bool(hub))
     lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=str(model.device))
-    results = simple_evaluate(
+    results = evaluate(lm, [*local.values(), *hub], manager, limit, seed, chat_template)
+    samples = {}
+    for task in [*local, *hub]:
+        name = local.get(task, task)
+        metrics[task] = _plain_metrics(results["results"][name])
+        metrics[task]["documents"] = len(results["samples"][name])
+        samples[task] = results["samples"][name]
+    return metrics, samples
+
+
+def evaluate(lm, tasks: list[str], manager, limit: int | None, seed: int, chat_template: bool = False) -> dict:
+    """lm-eval's `simple_evaluate` as every task here runs: per-document logs kept, every RNG seeded with `seed`."""
+    from lm_eval import simple_evaluate
+
+    return simple_evaluate(
         model=lm,
-        tasks=[*local.values(), *hub],
+        tasks=tasks,
         task_manager=manager,
         limit=limit,
         log_samples=True,
@@ -181,13 +194,6 @@ def run_tasks(
         fewshot_random_seed=seed,
         bootstrap_iters=1000,
     )
-    samples = {}
-    for task in [*local, *hub]:
-        name = local.get(task, task)
-        metrics[task] = _plain_metrics(results["results"][name])
-        metrics[task]["documents"] = len(results["samples"][name])
-        samples[task] = results["samples"][name]
-    return metrics, samples
 
 
 def _plain_metrics(result: dict[str, Any]) -> dict[str, float]:

@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import logging
 import math
-import warnings
 from pathlib import Path
 
-from .harness import hub_unavailable
+from .harness import evaluate, hub_unavailable
 
 _log = logging.getLogger(__name__)
 
@@ -49,7 +48,6 @@ def run_ruler(
     Raises:
         ValueError: an unknown task, or a tokenizer without the name or folder lm-eval needs to size prompts.
     """
-    from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
@@ -71,23 +69,10 @@ def run_ruler(
     samples: dict[str, list[dict]] = {task: [] for task in runnable}
     lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=1, device=str(model.device))
     for length in lengths:
-        # Only RULER's own folder is indexed: indexing every lm-eval task takes about 20 s, and happens per length.
+        # Only RULER's own folder is indexed: indexing every lm-eval task took 29 s here, and this runs per length.
         manager = TaskManager(include_path=_ruler_folder(), include_defaults=False,
                               metadata={"tokenizer": source, "max_seq_lengths": [length]})
-        with warnings.catch_warnings():  # RULER scores under a metric named by the length, with mean as aggregation
-            warnings.simplefilter("ignore")
-            results = simple_evaluate(
-                model=lm,
-                tasks=runnable,
-                task_manager=manager,
-                limit=limit,
-                log_samples=True,
-                random_seed=seed,
-                numpy_random_seed=seed,
-                torch_random_seed=seed,
-                fewshot_random_seed=seed,
-                bootstrap_iters=1000,
-            )
+        results = evaluate(lm, runnable, manager, limit, seed)
         for task in runnable:
             result = results["results"][task]
             stderr = result.get(f"{length}_stderr,none")
