@@ -140,32 +140,58 @@ def focus_attention(
         return out.transpose(1, 2).contiguous(), None
 
     valid, log_p_q, log_p, sinks = route_call(module, query, key_vectors, base_mask, positions)
-    if config.objective == "attention_recall" and torch.is_grad_enabled() and module.focus_centroids.requires_grad:
+    if config.objective == "attention_recall" and _centroids_training(module):
         # Training for recall: the layer attends as the pretrained model does, and scores its routing against that.
         loss = recall_loss(query, key, log_p_q, log_p, config.window, base_mask, sinks, scaling, softcap)
         module.__dict__.setdefault(LOSSES_ATTRIBUTE, []).append(loss)
         out = unmodified_attention(query, key, value, base_mask, scaling, dropout, softcap)
         return out.transpose(1, 2).contiguous(), None
-    if config.mode == "soft":
-        bias, allowed = soft_bias(log_p_q, log_p, config.window, base_mask, config.gate_floor, sinks, config.gate)
+    if config.objective == "straight_through" and _centroids_training(module):
+        # The hard model's forward pass, the soft gate's gradient: out = soft + (hard - soft), the difference detached.
+        soft = _soft_attention(module, query, key, value, log_p_q, log_p, base_mask, sinks, scaling, dropout, softcap)
+        with torch.no_grad():
+            hard = _hard_attention(module, query, key, value, log_p_q, log_p, valid, base_mask, sinks, None, scaling,
+                                   dropout, softcap, kwargs.get("sliding_window"))
+        out = soft + (hard - soft).detach()
+    elif config.mode == "soft":
+        out = _soft_attention(module, query, key, value, log_p_q, log_p, base_mask, sinks, scaling, dropout, softcap)
     else:
-        # A FocusCache's index holds every cached key's groups, assigned once: the whole generation sees one.
-        groups = top_k_groups(log_p, config.top_k) if index is None else index.groups(k_len).clamp_min(0)
-        query_groups = top_k_groups(log_p_q, config.top_k) if config.route_queries == "query" else None
-        if _decomposable(query, key, softcap, dropout, kwargs.get("sliding_window")):
-            out = decomposed_hard_attention(query, key, value, groups, config.window, valid, sinks, scaling,
-                                            query_groups=query_groups)
-            return out.transpose(1, 2).contiguous(), None
-        allowed = hard_allowed(
-            groups[:, :, k_len - q_len :] if query_groups is None else query_groups, groups, config.num_groups,
-            config.window, base_mask, sinks,
-        )
-        bias = None
-    if softcap is not None:  # SDPA has no soft-capping: use the explicit path (Gemma 2)
-        out = dense_attention(query, key, value, allowed, bias, scaling, softcap)
-    else:
-        out = sdpa_grouped(query, key, value, allowed, bias, scaling, dropout)
+        out = _hard_attention(module, query, key, value, log_p_q, log_p, valid, base_mask, sinks, index, scaling,
+                              dropout, softcap, kwargs.get("sliding_window"))
     return out.transpose(1, 2).contiguous(), None
+
+
+def _centroids_training(module: nn.Module) -> bool:
+    return torch.is_grad_enabled() and module.focus_centroids.requires_grad
+
+
+def _soft_attention(module, query, key, value, log_p_q, log_p, base_mask, sinks, scaling, dropout, softcap):
+    """Soft Focus (B, H, Q, D): every pair the model allows, distant ones charged the soft gate."""
+    config: FocusConfig = module.focus_config
+    bias, allowed = soft_bias(log_p_q, log_p, config.window, base_mask, config.gate_floor, sinks, config.gate)
+    if softcap is not None:  # SDPA has no soft-capping: use the explicit path (Gemma 2)
+        return dense_attention(query, key, value, allowed, bias, scaling, softcap)
+    return sdpa_grouped(query, key, value, allowed, bias, scaling, dropout)
+
+
+def _hard_attention(module, query, key, value, log_p_q, log_p, valid, base_mask, sinks, index, scaling, dropout,
+                    softcap, sliding_window):
+    """Hard Focus (B, H, Q, D): the window, the sinks and the keys of the query's top-k groups."""
+    config: FocusConfig = module.focus_config
+    q_len, k_len = query.shape[-2], key.shape[-2]
+    # A FocusCache's index holds every cached key's groups, assigned once: the whole generation sees one.
+    groups = top_k_groups(log_p, config.top_k) if index is None else index.groups(k_len).clamp_min(0)
+    query_groups = top_k_groups(log_p_q, config.top_k) if config.route_queries == "query" else None
+    if _decomposable(query, key, softcap, dropout, sliding_window):
+        return decomposed_hard_attention(query, key, value, groups, config.window, valid, sinks, scaling,
+                                         query_groups=query_groups)
+    allowed = hard_allowed(
+        groups[:, :, k_len - q_len :] if query_groups is None else query_groups, groups, config.num_groups,
+        config.window, base_mask, sinks,
+    )
+    if softcap is not None:
+        return dense_attention(query, key, value, allowed, None, scaling, softcap)
+    return sdpa_grouped(query, key, value, allowed, None, scaling, dropout)
 
 
 def route_call(

@@ -126,8 +126,8 @@ def train_focus(
         # After sharding, so that k-means runs on the GPUs through the sharded model (it may fit on none alone).
         calibrate_centroids(model, calibration if calibration_rows else None)
         reference = reference_evaluation(model, eval_data, config) if eval_data is not None else {}
-        # The validation curve in the mode the objective trains for: the recall objective trains the hard pattern.
-        eval_mode = "hard" if config.objective == "attention_recall" else config.mode
+        # The validation curve in the mode the objective trains for: the others than the soft gate's train the hard one.
+        eval_mode = config.mode if config.objective == "language_model" else "hard"
         set_focus_mode(model, eval_mode, window=config.window)
         record = run_training(model, rows, TrainConfig.from_dict(train), Path(metrics), eval_data, progress)
         set_focus_mode(model, config.mode, window=config.window)

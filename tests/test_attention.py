@@ -120,6 +120,36 @@ def test_gradients_match_reference(mode, route_queries):
         assert grads[0][3].abs().sum() > 0, "soft mode must train the centroids"
 
 
+@pytest.mark.parametrize(("route_queries", "gate", "mode"), [("key", "overlap", "soft"), ("query", "neutral", "hard")])
+def test_straight_through_training_runs_the_hard_pattern_and_takes_the_soft_gradient(route_queries, gate, mode):
+    config = FocusConfig(num_groups=4, top_k=2, window=4, mode=mode, route_queries=route_queries, gate=gate,
+                         objective="straight_through")
+    layer = make_layer(config, 2, 8)
+    q, key, v, mask = make_inputs(2, 4, 2, 23, 8, pads=(0, 5))
+    weight = torch.randn(2, 4, 23, 8)
+    weight[1, :, :5] = 0  # padding rows carry no loss
+    outputs, grads = [], []
+    for attend, as_config in ((run_focus, config), (reference_attention, config.replace(mode="hard")),
+                              (reference_attention, config.replace(mode="soft"))):
+        layer.focus_config = as_config
+        tensors = [t.clone().requires_grad_() for t in (q, key, v)]
+        layer.focus_centroids.grad = None
+        out = attend(layer, *tensors, mask)
+        (out * weight).sum().backward()
+        outputs.append(out.detach())
+        grads.append([t.grad for t in tensors] + [layer.focus_centroids.grad])
+    (straight, hard, soft), real = outputs, mask.any(-1)[:, 0]
+    torch.testing.assert_close(straight.transpose(1, 2)[real], hard.transpose(1, 2)[real], atol=2e-5, rtol=1e-4)
+    assert not torch.allclose(hard, soft, atol=1e-3)  # the two passes differ: the test tells them apart
+    for fast, ref, name in zip(grads[0], grads[2], ["query", "key", "value", "centroids"]):
+        torch.testing.assert_close(fast, ref, atol=5e-5, rtol=1e-4, msg=name)
+    assert grads[0][3].abs().sum() > 0
+    layer.focus_config = config
+    with torch.no_grad():  # outside training, the objective changes nothing: the configured mode attends
+        inference, expected = run_focus(layer, q, key, v, mask), reference_attention(layer, q, key, v, mask)
+    torch.testing.assert_close(inference.transpose(1, 2)[real], expected.transpose(1, 2)[real], atol=2e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("route_queries", ["key", "query"])
 @pytest.mark.parametrize("mode", ["soft", "hard"])
 def test_decoding_rows_equal_prefill_rows(mode, route_queries):
