@@ -29,16 +29,24 @@ CACHE_INDEX_ATTRIBUTE = "focus_cache_index"
 """A `GroupIndex` set under this name on a Focus attention module by `FocusCache.update`, taken by the next call."""
 
 
+PAGE = 64
+"""Positions per page of a group's member list. Each list grows a page at a time from a pool that every list of
+the layer shares, so the index costs its entries plus under a page per list, however unbalanced the groups: lists
+sized by the largest group cost up to 3x their entries with SmolLM2's k-means groups (index 5.5-6.1% of the
+cache at top-2 where balanced groups need 2%). A step reads a list through its page table: one more gather."""
+
+
 class GroupIndex:
     """One layer's cached keys by group, per (batch row, key/value head).
 
     key_groups: (B, K, capacity, top_k) int8 (int16 beyond 127 groups), each indexed key's groups (-1 for padding).
-    members: (B, K, G, capacity) int32, the positions of each group's keys in cache order; `counts` (B, K, G)
-        of them are filled. Padding keys are in no group.
+    counts: (B, K, G) how many keys each group lists. Padding keys are in no group.
+    pages: (N, PAGE) int32, a pool of pages of key positions (-1 where unfilled); page 0 is always empty.
+    page_table: (B, K, G, capacity) int32, the pages of each group's list in order (0 past its last page); the
+        list of positions in cache order is `pages[page_table[b, k, g]].flatten()[:counts[b, k, g]]`.
     sinks: (B, S) int64, the positions of the first S real keys of each row (-1 until seen).
-    Buffers grow by an eighth of their size when full: appending a token costs O(1) amortised. Measured against a
-    float32 cache at head size 64 (benchmarks/results): 1.0% (top-1) and 2.0% (top-2) with balanced groups; 3.0%
-    and 5.5-6.1% in SmolLM2 with k-means groups, which are unbalanced (each group's list has room for the largest).
+    Buffers grow by an eighth of their size when full: appending a token costs O(1) amortised. The index costs
+    about 1% (top-1) and 2% (top-2) of a float32 cache at head size 64, balanced groups or not.
     """
 
     def __init__(
@@ -49,8 +57,10 @@ class GroupIndex:
         self.scratch = scratch or ScratchRows()  # where a step gathers its distant keys (one per cache, shared)
         group_dtype = torch.int8 if num_groups <= 127 else torch.int16  # a byte per group id where it fits
         self.key_groups = torch.full((batch, k_heads, 0, top_k), -1, dtype=group_dtype, device=device)
-        self.members = torch.zeros(batch, k_heads, num_groups, 0, dtype=torch.int32, device=device)
         self.counts = torch.zeros(batch, k_heads, num_groups, dtype=torch.int64, device=device)
+        self.pages = torch.full((1, PAGE), -1, dtype=torch.int32, device=device)
+        self.used_pages = 1
+        self.page_table = torch.zeros(batch, k_heads, num_groups, 0, dtype=torch.int32, device=device)
         self.sinks = torch.full((batch, sink_tokens), -1, dtype=torch.int64, device=device)
         self._real = torch.zeros(batch, dtype=torch.int64, device=device)  # real keys seen per row
         self._query_head_rows: torch.Tensor | None = None
@@ -66,10 +76,11 @@ class GroupIndex:
 
         member = group_membership(groups, self.num_groups) & valid[:, None, :, None]  # (B, K, n, G)
         slots = self.counts[:, :, None, :] + member.long().cumsum(dim=2) - 1  # (B, K, n, G) where each one lands
-        self.counts += member.sum(dim=2)
-        self.members = _reserve(self.members, 3, int(self.counts.max()) if self.counts.numel() else 0)
+        before, self.counts = self.counts, self.counts + member.sum(dim=2)
+        self._add_pages(_pages_for(before), _pages_for(self.counts))
         bi, ki, ni, gi = member.nonzero(as_tuple=True)
-        self.members[bi, ki, gi, slots[bi, ki, ni, gi]] = (start + ni).to(torch.int32)
+        slot = slots[bi, ki, ni, gi]
+        self.pages[self.page_table[bi, ki, gi, slot // PAGE].long(), slot % PAGE] = (start + ni).to(torch.int32)
 
         order = self._real[:, None] + valid.long().cumsum(dim=1)  # (B, n): 1-based rank among the row's real keys
         is_sink = valid & (order <= self.sinks.shape[1])
@@ -77,6 +88,31 @@ class GroupIndex:
         self.sinks[rows, order[rows, cols] - 1] = start + cols
         self._real += valid.sum(dim=1)
         self.length = start + n
+
+    def _add_pages(self, have: torch.Tensor, need: torch.Tensor) -> None:
+        """Give every list (B, K, G) `need` pages where it has `have`: fresh pages from the pool, in order."""
+        extra = (need - have).view(-1)
+        total = int(extra.sum())
+        if total == 0:
+            return
+        self.page_table = _reserve(self.page_table, 3, int(need.max()), fill=0)
+        self.pages = _reserve(self.pages, 0, self.used_pages + total)
+        device = extra.device
+        owner = torch.repeat_interleave(torch.arange(extra.numel(), device=device), extra)  # (total,) list of each
+        rank = torch.arange(total, device=device) - (extra.cumsum(0) - extra)[owner]  # its place among the new pages
+        table = self.page_table.view(-1, self.page_table.shape[-1])
+        table[owner, have.view(-1)[owner] + rank] = torch.arange(self.used_pages, self.used_pages + total,
+                                                                 dtype=torch.int32, device=device)
+        self.used_pages += total
+
+    def members(self, lists: torch.Tensor, width: int) -> torch.Tensor:
+        """(N, width) int64 the first `width` positions listed by each of the N lists `lists`, flat ids into
+        (B, K, G); -1 past a list's count."""
+        if width == 0:
+            return torch.empty(lists.numel(), 0, dtype=torch.int64, device=lists.device)
+        table = self.page_table.view(-1, self.page_table.shape[-1])[:, : -(-width // PAGE)].index_select(0, lists)
+        listed = self.pages.index_select(0, table.view(-1)).view(lists.numel(), -1)
+        return listed[:, :width].long()
 
     def query_head_rows(self, heads: int) -> torch.Tensor:
         """(B, heads) the row of (B * K) key/value heads that each query head reads (grouped-query: K divides heads)."""
@@ -110,24 +146,35 @@ class GroupIndex:
 
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep batch rows `rows` (beam search reordering, batch selection or repetition)."""
-        for name in ("key_groups", "members", "counts", "sinks", "_real"):
+        for name in ("key_groups", "page_table", "counts", "sinks", "_real"):
             setattr(self, name, getattr(self, name).index_select(0, rows.to(self.counts.device)))
+        # A row kept twice must not share its pages with its copy (each grows on its own): every row gets fresh
+        # copies of its pages, and pages of rows let go return to the pool.
+        table = self.page_table.view(-1)
+        live = table > 0
+        self.pages = torch.cat([self.pages[:1], self.pages.index_select(0, table[live].long())])
+        table[live] = torch.arange(1, self.pages.shape[0], dtype=torch.int32, device=table.device)
+        self.used_pages = self.pages.shape[0]
         self._query_head_rows = None
 
     def nbytes(self) -> int:
         """Bytes the index holds (allocated, growth headroom included)."""
-        tensors = (self.key_groups, self.members, self.counts, self.sinks, self._real)
+        tensors = (self.key_groups, self.pages, self.page_table, self.counts, self.sinks, self._real)
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def _reserve(buffer: torch.Tensor, dim: int, needed: int) -> torch.Tensor:
-    """`buffer` with room for `needed` entries along `dim`: itself, or a copy grown by an eighth (new room -1)."""
+def _pages_for(counts: torch.Tensor) -> torch.Tensor:
+    return (counts + PAGE - 1) // PAGE
+
+
+def _reserve(buffer: torch.Tensor, dim: int, needed: int, fill: int = -1) -> torch.Tensor:
+    """`buffer` with room for `needed` entries along `dim`: itself, or a copy grown by an eighth (new room `fill`)."""
     have = buffer.shape[dim]
     if needed <= have:
         return buffer
     shape = list(buffer.shape)
     shape[dim] = max(needed, have + have // 8, 64)
-    grown = torch.full(shape, -1, dtype=buffer.dtype, device=buffer.device)
+    grown = torch.full(shape, fill, dtype=buffer.dtype, device=buffer.device)
     grown.narrow(dim, 0, have).copy_(buffer)
     return grown
 
@@ -291,8 +338,7 @@ def _distant_keys(
     # by element, 8x slower on a CPU.
     group_rows = (kv_rows[..., None] * index.num_groups + query_groups).view(-1)  # (B * H * top_k,)
     width = int(index.counts.view(-1).index_select(0, group_rows).max()) if group_rows.numel() else 0
-    members = index.members.view(-1, index.members.shape[-1])[:, :width].index_select(0, group_rows)
-    members = members.view(b, h, top_k, width).long()  # (B, H, top_k, C), -1 past each group's count
+    members = index.members(group_rows, width).view(b, h, top_k, width)  # (B, H, top_k, C), -1 past each count
     drop = (members >= start) | (members <= index.sink_last[:, None, None, None])  # -1 <= every sink_last
     if top_k > 1:
         later = members[:, :, 1:].clamp_min(0)  # keys listed under a second or later selected group

@@ -8,9 +8,18 @@ import pytest
 import torch
 
 import focus.attention
+import focus.decoding
 from focus import FocusConfig
 from focus.decoding import CACHE_INDEX_ATTRIBUTE, GroupIndex
 from test_attention import make_inputs, make_layer, reference_attention, run_focus
+
+
+@pytest.fixture(autouse=True)
+def small_pages(request, monkeypatch):
+    """Pages of 4 positions, so that the short sequences here spread every group's list over several pages (a test
+    marked `real_pages` keeps the library's size)."""
+    if "real_pages" not in request.keywords:
+        monkeypatch.setattr(focus.decoding, "PAGE", 4)
 
 CASES = {
     # heads, kv_heads, top_k, window, sinks, pads, route_queries
@@ -85,6 +94,13 @@ def test_bfloat16_decoding_error_within_twice_the_reference_error(top_k):
     assert fast_err <= 2 * ref_err + 1e-3, (fast_err, ref_err)
 
 
+def listed_under(index, row, head, group):
+    """The positions `index` lists under one group of one (batch row, key/value head)."""
+    k_heads, groups = index.counts.shape[1:]
+    flat = torch.tensor([(row * k_heads + head) * groups + group])
+    return index.members(flat, int(index.counts[row, head, group]))[0].tolist()
+
+
 def test_the_index_lists_each_real_key_under_its_groups_once():
     config = FocusConfig(num_groups=4, top_k=2, window=3, sink_tokens=2, mode="hard", route_queries="query")
     layer = make_layer(config, 2, 8)
@@ -96,9 +112,48 @@ def test_the_index_lists_each_real_key_under_its_groups_once():
     for b in range(2):
         for k in range(2):
             for g in range(4):
-                listed = index.members[b, k, g, : index.counts[b, k, g]].tolist()
+                listed = listed_under(index, b, k, g)
                 assert listed == [j for j in range(30) if g in groups[b, k, j].tolist()]
     assert index.sinks.tolist() == [[5, 6], [0, 1]] and index.sink_last.tolist() == [6, 1]
+
+
+def skewed_groups(rows, length, num_groups, top_k, seed):
+    """(rows, 1, length, top_k) distinct groups per key, drawn with probabilities falling 4x from group to group."""
+    weights = 4.0 ** -torch.arange(num_groups, dtype=torch.float)
+    gen = torch.Generator().manual_seed(seed)
+    draws = [torch.multinomial(weights, top_k, generator=gen) for _ in range(rows * length)]
+    return torch.stack(draws).view(rows, 1, length, top_k)
+
+
+def test_lists_stay_exact_as_they_grow_page_by_page_and_when_rows_are_repeated():
+    groups = skewed_groups(2, 300, 3, 2, seed=0)
+    valid = torch.ones(2, 300, dtype=torch.bool)
+    valid[0, :9] = False
+    index, begin = GroupIndex(2, 1, 3, 2, 1, "cpu"), 0
+    for size in (50, 1, 1, 7, 64, 1, 176):  # a prompt, steps and chunks
+        index.extend(groups[:, :, begin : begin + size], valid[:, begin : begin + size])
+        begin += size
+    index.select_rows(torch.tensor([1, 1, 0]))  # a row repeated (beam search), the rows reordered
+    more = skewed_groups(3, 70, 3, 2, seed=1)
+    for t in range(70):
+        index.extend(more[:, :, t : t + 1], None)
+    for row, source in enumerate([1, 1, 0]):
+        keys = torch.cat([groups[source, 0], more[row, 0]])  # (370, top_k)
+        real = torch.cat([valid[source], torch.ones(70, dtype=torch.bool)])
+        for g in range(3):
+            expected = [j for j in range(370) if real[j] and g in keys[j].tolist()]
+            assert listed_under(index, row, 0, g) == expected
+
+
+@pytest.mark.real_pages
+def test_the_index_costs_its_entries_however_unbalanced_the_groups():
+    length, k_heads, num_groups = 4096, 2, 16
+    index = GroupIndex(1, k_heads, num_groups, 2, 1, "cpu")
+    index.extend(torch.tensor([0, 1]).expand(1, k_heads, length, 2), None)  # every key in the same two groups
+    entries = length * k_heads * 2
+    # int32 positions and int8 group ids, each with an eighth of room to grow, plus the page tables and counts.
+    assert index.nbytes() <= 1.125 * entries * (4 + 1) + k_heads * num_groups * 4 * (8 + 80) + 1024
+    assert listed_under(index, 0, 1, 1) == list(range(length))
 
 
 def test_truncating_the_index_rebuilds_it_as_if_built_to_that_length():
@@ -114,8 +169,7 @@ def test_truncating_the_index_rebuilds_it_as_if_built_to_that_length():
     torch.testing.assert_close(full.counts, short.counts)
     torch.testing.assert_close(full.sinks, short.sinks)
     for b, k, g in [(0, 0, 0), (1, 1, 3), (0, 1, 2)]:
-        count = int(full.counts[b, k, g])
-        assert full.members[b, k, g, :count].tolist() == short.members[b, k, g, :count].tolist()
+        assert listed_under(full, b, k, g) == listed_under(short, b, k, g)
 
 
 def test_an_index_behind_its_cache_is_refused():
