@@ -7,9 +7,17 @@ attention mass the pattern keeps (recall) and the share of the pairs it keeps (w
 more mass at the same cost loses less when it sparsifies; a routing no better than chance keeps as much mass as pairs.
 The oracle keeps, in every query row, the same number of distant pairs as the pattern but the heaviest ones: no
 routing can recall more at that cost, so recall / oracle recall is how much of the possible a routing achieves.
+
+`oracle_selection` makes that oracle the model's attention: every layer keeps its window, its sinks and, per query
+row, the heaviest distant pairs, as many as the model's own hard pattern keeps in that row. Its perplexity is what a
+routing that chose pairs by the true attention weights would score at Focus's cost: the bar a better routing could
+reach, and, when the pretrained model still beats it, the sign that the cost itself, not the routing, loses.
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -18,11 +26,12 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from .attention import key_positions, route_call, routing_vectors, unmodified_attention
 from .models import input_device
-from .reference import hard_allowed, local_pairs, model_allowed, split_query_heads
+from .reference import dense_attention, hard_allowed, local_pairs, model_allowed, split_query_heads
 from .retrofit import attention_modules, has_focus
 from .routing import top_k_groups
 
 _RECALL = "focus_recall"
+_ORACLE = "focus_oracle"
 _TALLY = "_focus_recall_tally"  # per module: mass kept, distant mass, pairs kept, distant pairs, all mass, oracle mass
 
 
@@ -63,17 +72,73 @@ def distant_attention_recall(model: PreTrainedModel, rows: torch.Tensor, batch_s
 def _shares(tally: torch.Tensor) -> dict[str, float]:
     kept_mass, distant_mass, kept_pairs, distant_pairs, all_mass, oracle_mass = tally.tolist()
     return {"recall": kept_mass / max(distant_mass, 1e-30), "kept": kept_pairs / max(distant_pairs, 1),
-            "oracle_recall": oracle_mass / max(distant_mass, 1e-30), "distant_mass": distant_mass / max(all_mass, 1e-30)}
+            "oracle_recall": oracle_mass / max(distant_mass, 1e-30),
+            "distant_mass": distant_mass / max(all_mass, 1e-30)}
 
 
 def _recall_attention(module: nn.Module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None,
                       **kwargs):
     """The unmodified attention, tallying what the hard Focus pattern of this call keeps of it."""
+    kept, distant, logits, allowed = _pattern_and_logits(module, query, key, value, attention_mask, scaling, softcap,
+                                                         kwargs.get("position_ids"))
+    k_len = key.shape[2]
+    weights = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1).nan_to_num(0.0)  # (B, H, Q, L)
+    distant = distant.expand_as(weights)
+    kept_distant = kept & distant
+    # The oracle: per query row, the heaviest distant pairs, as many as the pattern keeps in that row.
+    ranked = weights.masked_fill(~distant, -1.0).sort(dim=-1, descending=True).values.clamp_min(0.0)
+    count = kept_distant.sum(dim=-1, keepdim=True)  # (B, H, Q, 1)
+    oracle = (ranked * (torch.arange(k_len, device=query.device) < count)).sum()
+    tally = getattr(module, _TALLY)
+    tally += torch.tensor([
+        (weights * kept_distant).sum().item(), (weights * distant).sum().item(),
+        kept_distant.sum().item(), distant.sum().item(), weights.sum().item(), oracle.item(),
+    ], dtype=torch.float64)
+    base_mask = None if attention_mask is None else attention_mask[..., :k_len]
+    out = unmodified_attention(query, key, value, base_mask, scaling, dropout, softcap)
+    return out.transpose(1, 2).contiguous(), None
+
+
+@contextlib.contextmanager
+def oracle_selection(model: PreTrainedModel) -> Iterator[PreTrainedModel]:
+    """Within the block, every Focus layer of `model` attends to its window, its sinks and, per query row, its
+    heaviest distant pairs by the true attention logits, as many as its hard Focus pattern keeps in that row.
+
+    The explicit (dense) attention computes it: for evaluation at moderate lengths, not for speed.
+    """
+    if not has_focus(model):
+        raise ValueError("oracle_selection needs a model with Focus applied")
+    AttentionInterface.register(_ORACLE, _oracle_attention)
+    AttentionMaskInterface.register(_ORACLE, sdpa_mask)
+    current = model.config._attn_implementation
+    model.set_attn_implementation(_ORACLE)
+    try:
+        yield model
+    finally:
+        model.set_attn_implementation(current)
+
+
+def _oracle_attention(module: nn.Module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None,
+                      **kwargs):
+    kept, distant, logits, allowed = _pattern_and_logits(module, query, key, value, attention_mask, scaling, softcap,
+                                                         kwargs.get("position_ids"))
+    distant = distant.expand_as(logits)
+    count = (kept & distant).sum(dim=-1, keepdim=True)  # (B, H, Q, 1) the pattern's distant pairs per row
+    rank = logits.masked_fill(~distant, float("-inf")).argsort(dim=-1, descending=True).argsort(dim=-1)
+    chosen = (allowed & ~distant) | (distant & (rank < count))  # the window and the sinks, then the heaviest
+    out = dense_attention(query, key, value, chosen, None, scaling, softcap)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _pattern_and_logits(module: nn.Module, query, key, value, attention_mask, scaling, softcap, position_ids):
+    """(kept, distant, logits, allowed) of one call: the hard Focus pattern (B, H, Q, L) bool per query head, the
+    distant pairs it routes (beyond the window, sinks excluded; (B or 1, 1, Q, L)), the float32 attention logits
+    (B, H, Q, L) and the pairs the model allows ((B or 1, 1, Q, L))."""
     config = module.focus_config
     b, h, q_len, d = query.shape
     k_heads, k_len = key.shape[1], key.shape[2]
     base_mask = None if attention_mask is None else attention_mask[..., :k_len]
-    positions = key_positions(kwargs.get("position_ids"), k_len, key.device)
+    positions = key_positions(position_ids, k_len, key.device)
     key_vectors = routing_vectors(module, key if config.route_on == "key" else value, positions)
     _, log_p_q, log_p, sinks = route_call(module, query, key_vectors, base_mask, positions)
     groups_q, groups = top_k_groups(log_p_q, config.top_k), top_k_groups(log_p, config.top_k)
@@ -88,17 +153,4 @@ def _recall_attention(module: nn.Module, query, key, value, attention_mask, scal
     logits = logits * (d**-0.5 if scaling is None else scaling)
     if softcap is not None:
         logits = softcap * torch.tanh(logits / softcap)
-    weights = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1).nan_to_num(0.0)  # (B, H, Q, L)
-    distant = distant.expand_as(weights)
-    kept_distant = kept & distant
-    # The oracle: per query row, the heaviest distant pairs, as many as the pattern keeps in that row.
-    ranked = weights.masked_fill(~distant, -1.0).sort(dim=-1, descending=True).values.clamp_min(0.0)
-    count = kept_distant.sum(dim=-1, keepdim=True)  # (B, H, Q, 1)
-    oracle = (ranked * (torch.arange(k_len, device=query.device) < count)).sum()
-    tally = getattr(module, _TALLY)
-    tally += torch.tensor([
-        (weights * kept_distant).sum().item(), (weights * distant).sum().item(),
-        kept_distant.sum().item(), distant.sum().item(), weights.sum().item(), oracle.item(),
-    ], dtype=torch.float64)
-    out = unmodified_attention(query, key, value, base_mask, scaling, dropout, softcap)
-    return out.transpose(1, 2).contiguous(), None
+    return kept, distant, logits, allowed

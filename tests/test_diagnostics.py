@@ -5,8 +5,11 @@ import torch
 
 from focus import FocusConfig, apply_focus, remove_focus
 from focus.data import chunk_tokens, load_corpus, tokenize_corpus
-from focus.diagnostics import distant_attention_recall
+from focus.diagnostics import _oracle_attention, distant_attention_recall, oracle_selection
 from focus.models import tiny_model
+from focus.reference import dense_attention, hard_allowed, sink_keys
+from focus.routing import top_k_groups
+from test_attention import make_inputs, make_layer
 
 
 def rows(model, length=48, n=2, seed=0):
@@ -38,6 +41,50 @@ def test_recall_and_cost_of_a_sparse_pattern_are_shares(one_thread):
     assert found["recall"] <= found["oracle_recall"] + 1e-9 <= 1 + 1e-9  # nothing keeps more at the same cost
     # Summed over layers the shares weigh every layer's pairs equally: the overall cost is their mean.
     assert found["kept"] == pytest.approx(sum(layer["kept"] for layer in found["layers"]) / len(found["layers"]))
+
+
+def test_the_oracle_keeps_the_heaviest_distant_pairs_as_many_per_row_as_the_pattern_keeps(one_thread):
+    config = FocusConfig(num_groups=4, top_k=1, window=3, sink_tokens=1, mode="hard", route_queries="query")
+    layer = make_layer(config, 2, 8)
+    q, key, v, mask = make_inputs(2, 4, 2, 20, 8, pads=(0, 4))
+    with torch.no_grad():
+        out = _oracle_attention(layer, q, key, v, mask, scaling=0.4)[0].transpose(1, 2)
+        # The pattern, routed as the layer routes at inference (query heads by their query, keys by theirs).
+        logits_k = torch.einsum("bkld,kgd->bklg", torch.nn.functional.normalize(key, dim=-1),
+                                torch.nn.functional.normalize(layer.focus_centroids, dim=-1)) / config.temperature
+        groups = top_k_groups(torch.log_softmax(logits_k + layer.focus_group_bias[None, :, None], -1), 1)
+        centroids = layer.focus_centroids.repeat_interleave(2, dim=0)  # per query head
+        logits_q = torch.einsum("bhqd,hgd->bhqg", torch.nn.functional.normalize(q, dim=-1),
+                                torch.nn.functional.normalize(centroids, dim=-1)) / config.temperature
+        valid = mask.any(dim=-2)[:, 0]
+        sinks = sink_keys(valid, 20, 1)
+        kept = hard_allowed(top_k_groups(logits_q, 1), groups, 4, 3, mask, sinks)  # (B, H, Q, L)
+        chosen = torch.zeros_like(kept)
+        for b in range(2):
+            for h in range(4):
+                for i in range(20):
+                    allowed = [j for j in range(20) if mask[b, 0, i, j]]
+                    free = [j for j in allowed if i - j < 3 or sinks[b, j]]
+                    distant = [j for j in allowed if j not in free]
+                    count = sum(bool(kept[b, h, i, j]) for j in distant)
+                    scores = {j: float(q[b, h, i] @ key[b, h // 2, j]) for j in distant}
+                    for j in free + sorted(distant, key=scores.get, reverse=True)[:count]:
+                        chosen[b, h, i, j] = True
+        expected = dense_attention(q, key, v, chosen, None, 0.4)
+    real = valid[:, None, :, None].expand_as(out)
+    torch.testing.assert_close(out[real], expected[real], atol=1e-5, rtol=1e-4)
+    assert not torch.equal(chosen, kept)  # the oracle chose other pairs than the routing: the test tells them apart
+
+
+def test_an_oracle_over_a_pattern_that_keeps_every_pair_is_the_unmodified_model(one_thread):
+    model = tiny_model("llama", seed=0)
+    ids = rows(model)
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits
+    apply_focus(model, FocusConfig(num_groups=2, top_k=2, window=4, mode="hard"), calibration_ids=ids)
+    with torch.no_grad(), oracle_selection(model):
+        torch.testing.assert_close(model(input_ids=ids).logits, expected, atol=1e-5, rtol=1e-5)
+    assert model.config._attn_implementation == "focus"  # restored
 
 
 @pytest.mark.slow
