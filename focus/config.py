@@ -163,12 +163,12 @@ class FocusConfig:
         metadata={"help": "Soft gate log(sum_g P_ig P_jg) is clamped at log(gate_floor) to stay finite."},
     )
     objective: Literal["language_model", "straight_through", "attention_recall"] = field(
-        default="language_model",
+        default="straight_through",
         metadata={
-            "help": "What the centroids learn from: 'language_model' trains them through the soft gate on the "
-            "next-token loss; 'straight_through' trains them on the hard model's next-token loss, every layer's "
-            "forward pass the hard top-k pattern and its gradient the soft gate's (the straight-through "
-            "estimator: soft + (hard - soft) with the difference detached); 'attention_recall' runs the model's "
+            "help": "What the centroids learn from: 'straight_through' (the default: the design study's best hard "
+            "model) trains them on the hard model's next-token loss, every layer's forward pass the hard top-k "
+            "pattern and its gradient the soft gate's (the straight-through estimator: soft + (hard - soft) with "
+            "the difference detached); 'language_model' trains them through the soft gate on the next-token loss; 'attention_recall' runs the model's "
             "own attention and trains the routing to keep the distant pairs that attention weighs (the log of each "
             "query's soft recall of its distant attention mass, weighted by that mass), so that the hard pattern "
             "loses as little of the pretrained model as it can at its cost."

@@ -316,7 +316,9 @@ def _scratch_dict(section: dict[str, Any], domains: dict[str, list[str]]) -> dic
         raise ConfigError("scratch.train.seed: list the seeds in scratch.seeds (each sets weights and batch order)")
     train = _train_dict("scratch.train", section["train"])
     resolved["train"] = {key: value for key, value in train.items() if key != "seed"}
-    resolved["focus"] = _focus_dict("scratch.focus", section["focus"])
+    # From scratch every weight trains, through the soft gate unless the profile says otherwise: the straight-through
+    # estimator (the library's default) is for the centroids of a frozen model.
+    resolved["focus"] = _focus_dict("scratch.focus", {"objective": "language_model", **section["focus"]})
     if resolved["focus"]["window"] >= resolved["seq_len"]:
         raise ConfigError(
             f"scratch.focus.window ({resolved['focus']['window']}) must be < scratch.seq_len ({resolved['seq_len']}): "
