@@ -6,8 +6,9 @@ For each trained adapter, on the books validation split (the study's tokens, non
 context): the pretrained model, Focus hard top-k, and the oracle (`focus.diagnostics.oracle_selection`), which
 keeps in every layer and query row the same number of distant pairs as that adapter's hard pattern, but the
 heaviest by the true attention logits. The oracle is the bar for routing at this cost: if it is above pretrained,
-choosing better pairs alone cannot make hard Focus beat the model it retrofits. Writes
-<out>/oracle_selection_<tag>.{csv,md}.
+choosing better pairs alone cannot make hard Focus beat the model it retrofits. Every ratio to pretrained comes
+with its 95% interval over the rows (paired: the same rows, mean per-row difference of log-perplexity +- 1.96
+standard errors). Writes <out>/oracle_selection_<tag>.{csv,md}.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 import torch
+import torch.nn.functional as F
 from safetensors import safe_open
 
 from focus import load_focus, remove_focus, set_focus_mode
@@ -26,7 +28,6 @@ from focus.diagnostics import distant_attention_recall, oracle_selection
 from focus.files import write_text
 from focus.models import PACKAGED_SMOLLM2, load_model
 from focus.report import markdown_table
-from focus.training import evaluate_loss
 
 
 def main() -> None:
@@ -44,25 +45,25 @@ def main() -> None:
     with safe_open(args.tokens, framework="pt") as f:
         ids = f.get_tensor("validation").long()[: args.max_tokens]
     rows = ids[: len(ids) // args.seq_len * args.seq_len].view(-1, args.seq_len)
-    found = [{"design": "pretrained (full attention)", "validation_ppl": math.exp(evaluate_loss(model, rows, 4))}]
+    pretrained = row_losses(model, rows)
+    found = [{"design": "pretrained (full attention)", "validation_ppl": math.exp(pretrained.mean())}]
     print(found[-1])
     for adapter in map(Path, args.adapters):
         tic = time.perf_counter()
         load_focus(model, adapter)
         set_focus_mode(model, "hard")
-        hard = math.exp(evaluate_loss(model, rows, 4))
+        hard = row_losses(model, rows)
         with oracle_selection(model):
-            oracle = math.exp(evaluate_loss(model, rows, 4))
+            oracle = row_losses(model, rows)
         recall = distant_attention_recall(model, rows[:8], 4)
         remove_focus(model)
-        found.append({"design": adapter.parent.name, "validation_ppl": hard, "oracle_ppl": oracle,
+        found.append({"design": adapter.parent.name, "validation_ppl": math.exp(hard.mean()),
+                      **paired_ratio("hard_vs_pretrained", hard, pretrained), "oracle_ppl": math.exp(oracle.mean()),
+                      **paired_ratio("oracle_vs_pretrained", oracle, pretrained),
                       "distant_kept": recall["kept"], "distant_recall": recall["recall"],
                       "oracle_recall": recall["oracle_recall"], "seconds": time.perf_counter() - tic})
         print(found[-1])
     frame = pd.DataFrame(found)
-    base = found[0]["validation_ppl"]
-    frame["hard_vs_pretrained"] = frame["validation_ppl"] / base - 1
-    frame["oracle_vs_pretrained"] = frame["oracle_ppl"] / base - 1
     out = Path(args.out) / f"oracle_selection_{args.tag}"
     frame.to_csv(out.with_suffix(".csv"), index=False)
     header = (f"SmolLM2-135M-Instruct, float32, books validation: {rows.shape[0]} rows of {args.seq_len} tokens. Hard: "
@@ -70,6 +71,24 @@ def main() -> None:
               "keeps, the heaviest by the true attention logits (window and sinks as in Focus).\n\n")
     write_text(out.with_suffix(".md"), header + markdown_table(frame, ".4g") + "\n")
     print(out.with_suffix(".md").read_text())
+
+
+@torch.no_grad()
+def row_losses(model, rows: torch.Tensor, batch_size: int = 4) -> torch.Tensor:
+    """(N,) float64 mean next-token loss of each row: rows are equally long, so their mean is the split's loss."""
+    model.eval()
+    losses = []
+    for chunk in rows.split(batch_size):
+        logits = model(input_ids=chunk, use_cache=False).logits[:, :-1].float()
+        losses.append(F.cross_entropy(logits.transpose(1, 2), chunk[:, 1:], reduction="none").mean(dim=1).double())
+    return torch.cat(losses)
+
+
+def paired_ratio(name: str, losses: torch.Tensor, base: torch.Tensor) -> dict[str, float]:
+    """Perplexity ratio - 1 of `losses` to `base` on the same rows, with its 95% interval over the rows."""
+    difference = losses - base
+    mean, half = difference.mean().item(), 1.96 * difference.std().item() / math.sqrt(len(difference))
+    return {name: math.expm1(mean), f"{name}_low": math.expm1(mean - half), f"{name}_high": math.expm1(mean + half)}
 
 
 if __name__ == "__main__":
