@@ -46,13 +46,21 @@ def reference_attention(layer, q, key, v, mask, scaling=None, softcap=None):
     else:
         log_p_q = log_p[:, :, k_len - q_len :]
     sinks = sink_keys(valid, k_len, config.sink_tokens)
-    if config.mode == "soft":
-        bias, allowed = soft_bias(log_p_q, log_p, config.window, mask, config.gate_floor, sinks, config.gate)
-    else:
-        groups = top_k_groups(log_p, config.top_k)
-        allowed = hard_allowed(top_k_groups(log_p_q, config.top_k), groups, config.num_groups, config.window, mask, sinks)
-        bias = None
-    return dense_attention(q, key, v, allowed, bias, scaling, softcap)
+
+    def attend(mode):
+        if mode == "soft":
+            bias, allowed = soft_bias(log_p_q, log_p, config.window, mask, config.gate_floor, sinks, config.gate)
+        else:
+            groups = top_k_groups(log_p, config.top_k)
+            allowed = hard_allowed(top_k_groups(log_p_q, config.top_k), groups, config.num_groups, config.window, mask,
+                                   sinks)
+            bias = None
+        return dense_attention(q, key, v, allowed, bias, scaling, softcap)
+
+    if config.objective == "straight_through" and torch.is_grad_enabled() and layer.focus_centroids.requires_grad:
+        soft, hard = attend("soft"), attend("hard")  # training the hard model: its values, the soft gate's gradient
+        return soft + (hard - soft).detach()
+    return attend(config.mode)
 
 
 def run_focus(layer, q, key, v, mask, **kwargs):
@@ -78,17 +86,22 @@ CASES = [
 ]
 
 
+# Training routes by Sinkhorn, inference by the balance bias; the objective matters only while training.
+PHASES = [(False, "straight_through"), (True, "language_model"), (True, "straight_through")]
+
+
 @pytest.mark.parametrize("case", CASES, ids=str)
-@pytest.mark.parametrize("training", [False, True])
-def test_outputs_match_reference(case, training):
+@pytest.mark.parametrize(("training", "objective"), PHASES)
+def test_outputs_match_reference(case, training, objective):
     mode, top_k, window, heads, kv_heads, pads, route_on, shared, sinks, route_queries, *gate = case
     config = FocusConfig(
         num_groups=4, top_k=top_k, window=window, mode=mode, route_on=route_on, shared_centroids=shared,
         sink_tokens=sinks, route_queries=route_queries, gate=gate[0] if gate else "overlap", unrotate=False,
+        objective=objective,
     )
     layer = make_layer(config, kv_heads, 8)
     q, key, v, mask = make_inputs(2, heads, kv_heads, 37, 8, pads)
-    with torch.set_grad_enabled(training):  # training routes by Sinkhorn, inference by the balance bias
+    with torch.set_grad_enabled(training):
         out = run_focus(layer, q, key, v, mask, scaling=0.4)
         expected = reference_attention(layer, q, key, v, mask, scaling=0.4)
     real = torch.ones(2, 37, dtype=torch.bool) if mask is None else mask.any(-1)[:, 0]
@@ -96,10 +109,11 @@ def test_outputs_match_reference(case, training):
     assert torch.isfinite(out).all()
 
 
+@pytest.mark.parametrize("objective", ["language_model", "straight_through"])
 @pytest.mark.parametrize("route_queries", ["key", "query"])
 @pytest.mark.parametrize("mode", ["soft", "hard"])
-def test_gradients_match_reference(mode, route_queries):
-    config = FocusConfig(num_groups=4, top_k=2, window=4, mode=mode, route_queries=route_queries)
+def test_gradients_match_reference(mode, route_queries, objective):
+    config = FocusConfig(num_groups=4, top_k=2, window=4, mode=mode, route_queries=route_queries, objective=objective)
     layer = make_layer(config, 2, 8)
     q, key, v, mask = make_inputs(2, 4, 2, 23, 8, pads=(0, 5))
     weight = torch.randn(2, 4, 23, 8)  # an arbitrary downstream loss
@@ -112,12 +126,12 @@ def test_gradients_match_reference(mode, route_queries):
         loss.backward()
         grads.append([t.grad for t in tensors] + [layer.focus_centroids.grad])
     for fast, ref, name in zip(*grads, ["query", "key", "value", "centroids"]):
-        if mode == "hard" and name == "centroids":
-            assert fast is None and ref is None  # top-k is not differentiable: hard mode is for inference
+        if mode == "hard" and objective == "language_model" and name == "centroids":
+            assert fast is None and ref is None  # top-k is not differentiable: the soft model is what trains
             continue
         torch.testing.assert_close(fast, ref, atol=5e-5, rtol=1e-4, msg=name)
-    if mode == "soft":
-        assert grads[0][3].abs().sum() > 0, "soft mode must train the centroids"
+    if mode == "soft" or objective == "straight_through":
+        assert grads[0][3].abs().sum() > 0, "training must reach the centroids"
 
 
 @pytest.mark.parametrize(("route_queries", "gate", "mode"), [("key", "overlap", "soft"), ("query", "neutral", "hard")])
@@ -129,8 +143,8 @@ def test_straight_through_training_runs_the_hard_pattern_and_takes_the_soft_grad
     weight = torch.randn(2, 4, 23, 8)
     weight[1, :, :5] = 0  # padding rows carry no loss
     outputs, grads = [], []
-    for attend, as_config in ((run_focus, config), (reference_attention, config.replace(mode="hard")),
-                              (reference_attention, config.replace(mode="soft"))):
+    references = [config.replace(mode=mode, objective="language_model") for mode in ("hard", "soft")]
+    for attend, as_config in ((run_focus, config), *((reference_attention, ref) for ref in references)):
         layer.focus_config = as_config
         tensors = [t.clone().requires_grad_() for t in (q, key, v)]
         layer.focus_centroids.grad = None
