@@ -27,6 +27,7 @@ from focus import load_focus, remove_focus, set_focus_mode
 from focus.diagnostics import distant_attention_recall, oracle_selection
 from focus.files import write_text
 from focus.models import PACKAGED_SMOLLM2, load_model
+from focus.perplexity import paired_ratio
 from focus.report import markdown_table
 
 
@@ -58,8 +59,8 @@ def main() -> None:
         recall = distant_attention_recall(model, rows[:8], 4)
         remove_focus(model)
         found.append({"design": adapter.parent.name, "validation_ppl": math.exp(hard.mean()),
-                      **paired_ratio("hard_vs_pretrained", hard, pretrained), "oracle_ppl": math.exp(oracle.mean()),
-                      **paired_ratio("oracle_vs_pretrained", oracle, pretrained),
+                      **versus("hard_vs_pretrained", hard, pretrained), "oracle_ppl": math.exp(oracle.mean()),
+                      **versus("oracle_vs_pretrained", oracle, pretrained),
                       "distant_kept": recall["kept"], "distant_recall": recall["recall"],
                       "oracle_recall": recall["oracle_recall"], "seconds": time.perf_counter() - tic})
         print(found[-1])
@@ -84,11 +85,9 @@ def row_losses(model, rows: torch.Tensor, batch_size: int = 4) -> torch.Tensor:
     return torch.cat(losses)
 
 
-def paired_ratio(name: str, losses: torch.Tensor, base: torch.Tensor) -> dict[str, float]:
-    """Perplexity ratio - 1 of `losses` to `base` on the same rows, with its 95% interval over the rows."""
-    difference = losses - base
-    mean, half = difference.mean().item(), 1.96 * difference.std().item() / math.sqrt(len(difference))
-    return {name: math.expm1(mean), f"{name}_low": math.expm1(mean - half), f"{name}_high": math.expm1(mean + half)}
+def versus(name: str, losses: torch.Tensor, base: torch.Tensor) -> dict[str, float]:
+    """{name, name_low, name_high}: perplexity ratio - 1 of `losses` to `base` on the same rows, 95% interval."""
+    return dict(zip((name, f"{name}_low", f"{name}_high"), paired_ratio(losses.tolist(), base.tolist())))
 
 
 if __name__ == "__main__":

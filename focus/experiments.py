@@ -270,6 +270,8 @@ def evaluate_perplexity(
         "perplexity": result["ppl"],
         "nll": result["nll"],
         "tokens": result["tokens"],
+        "window_nll": result["window_nll"],
+        "window_tokens": result["window_tokens"],
         "context_length": context_length,
         "stride": stride or context_length,
         "seconds": round(time.perf_counter() - tic, 2),

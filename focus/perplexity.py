@@ -10,6 +10,7 @@ non-overlapping input chunks; smaller strides trade compute for context).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from itertools import groupby
 
 import torch
@@ -106,11 +107,26 @@ def perplexity(
 
     Returns:
         {"nll": mean negative log-likelihood per predicted token (nats), "ppl": exp(nll),
-         "tokens": number of predicted tokens, always T - 1}.
+         "tokens": number of predicted tokens, always T - 1, "window_nll": the mean NLL of the tokens each window
+         scored, in window order (what `paired_ratio` compares two models on), "window_tokens": their counts}.
     """
-    per_token = token_nll(model, input_ids, context_length, stride, batch_size, progress)
-    mean = per_token.double().mean().item()  # float64: sums over ~1e6 tokens lose digits in float32
-    return {"nll": mean, "ppl": math.exp(mean), "tokens": per_token.numel()}
+    per_token = token_nll(model, input_ids, context_length, stride, batch_size, progress).double()
+    mean = per_token.mean().item()  # float64: sums over ~1e6 tokens lose digits in float32
+    scored = [window[2] for window in sliding_windows(input_ids.numel(), context_length, stride)]
+    window_nll = [chunk.mean().item() for chunk in per_token.split(scored)]
+    return {"nll": mean, "ppl": math.exp(mean), "tokens": per_token.numel(), "window_nll": window_nll,
+            "window_tokens": scored}
+
+
+def paired_ratio(nll: Sequence[float], base_nll: Sequence[float]) -> tuple[float, float, float]:
+    """Perplexity ratio - 1 of a model to a base model scored on the same windows (or rows), with its 95% interval:
+    (ratio, low, high) from the mean per-window difference of NLL +- 1.96 standard errors (paired: the windows'
+    own difficulty cancels, so the interval is the noise of the comparison, not of either perplexity)."""
+    difference = torch.tensor(nll, dtype=torch.float64) - torch.tensor(base_nll, dtype=torch.float64)
+    if difference.numel() < 2:
+        raise ValueError(f"a paired interval needs at least 2 windows, got {difference.numel()}")
+    mean, half = difference.mean().item(), 1.96 * difference.std().item() / math.sqrt(difference.numel())
+    return math.expm1(mean), math.expm1(mean - half), math.expm1(mean + half)
 
 
 def _score_batch(

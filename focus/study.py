@@ -1,8 +1,8 @@
 """The design study's table and figure: every Focus variant of a profile side by side with the pretrained model.
 
 One row per design (and one for the pretrained model): what it changes, its wall time, perplexity on the
-validation split of the study domain (what the choice is made on), soft and hard, then the test splits (reported,
-never tuned on), long-context perplexity and pass-key accuracy, how its groups align with token category and with
+validation split of the study domain (what the choice is made on), soft and hard, each against the pretrained
+model with its paired 95% interval over the evaluation windows, then the test splits (reported, never tuned on), long-context perplexity and pass-key accuracy, how its groups align with token category and with
 position (NMI), and what its hard pattern keeps of the pretrained model's distant attention: the share of the mass
 (`distant_recall`) and of the pairs (`distant_kept`, the cost; `focus.diagnostics`). The figure shows validation
 perplexity during training against the pretrained model on the same rows.
@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from .files import write_text
+from .perplexity import paired_ratio
 from .profile import PRETRAINED
 from .report import markdown_table, pyplot, save_figure
 
@@ -59,12 +60,19 @@ def study_frame(
     for variant, overrides in variants.items():
         rows[variant] = {"design": variant, "changes": _changes(overrides)}
 
-    def put(method: str, column: str, value) -> None:
+    windows: dict[tuple[str, str], list[float]] = {}  # (design, column) -> its per-window NLLs, where recorded
+
+    def put(method: str, column: str, value, window_nll: list[float] | None = None) -> None:
         name, _, mode = method.rpartition("-")
         if method == PRETRAINED:
-            rows[PRETRAINED][column.replace("_{mode}", "")] = value
+            name, column = PRETRAINED, column.replace("_{mode}", "")
         elif name in rows:
-            rows[name][column.format(mode=mode)] = value
+            column = column.format(mode=mode)
+        else:
+            return
+        rows[name][column] = value
+        if window_nll is not None:
+            windows[name, column] = window_nll
 
     for path in _of_model(summaries, model):
         summary = json.loads(Path(path).read_text())
@@ -73,9 +81,9 @@ def study_frame(
         row["train_seconds"] = summary["seconds"]
     for record in _records(validation, model):
         if record["domain"] == domain:
-            put(record["method"], f"{domain}_validation_{{mode}}", record["perplexity"])
+            put(record["method"], f"{domain}_validation_{{mode}}", record["perplexity"], record.get("window_nll"))
     for record in _records(test, model):
-        put(record["method"], f"{record['domain']}_test_{{mode}}", record["perplexity"])
+        put(record["method"], f"{record['domain']}_test_{{mode}}", record["perplexity"], record.get("window_nll"))
     for record in _records(long_context, model):
         put(record["method"], f"ctx{record['context_length']}_{{mode}}", record["perplexity"])
     for record in _records(needle, model):
@@ -89,24 +97,35 @@ def study_frame(
             row["distant_recall"] = record["distant_attention"]["recall"]
             row["distant_kept"] = record["distant_attention"]["kept"]
             row["distant_oracle_recall"] = record["distant_attention"]["oracle_recall"]
+    for name in variants:  # each design against pretrained on the same windows: the ratio's 95% interval
+        for split in ("validation", "test"):
+            for mode in ("soft", "hard"):
+                column, base = f"{domain}_{split}_{mode}", windows.get((PRETRAINED, f"{domain}_{split}"))
+                design = windows.get((name, column))
+                if base is not None and design is not None and len(design) == len(base) >= 2:
+                    _, low, high = paired_ratio(design, base)
+                    rows[name][f"{column}_vs_pretrained_low"], rows[name][f"{column}_vs_pretrained_high"] = low, high
     frame = pd.DataFrame(list(rows.values()))
-    pretrained = frame.loc[0, f"{domain}_validation"] if f"{domain}_validation" in frame else None
-    for mode in ("soft", "hard"):
-        column = f"{domain}_validation_{mode}"
-        if pretrained is not None and column in frame:
-            frame[f"{column}_vs_pretrained"] = frame[column] / pretrained - 1
+    for split in ("validation", "test"):
+        pretrained = frame.loc[0, f"{domain}_{split}"] if f"{domain}_{split}" in frame else None
+        for mode in ("soft", "hard"):
+            column = f"{domain}_{split}_{mode}"
+            if pretrained is not None and column in frame:
+                frame[f"{column}_vs_pretrained"] = frame[column] / pretrained - 1
     return frame[_column_order(frame, domain)]
 
 
 def _column_order(frame: pd.DataFrame, domain: str) -> list[str]:
+    versus = [f"{domain}_{split}_{mode}_vs_pretrained{bound}" for split in ("validation", "test")
+              for mode in ("soft", "hard") for bound in ("", "_low", "_high")]
     first = ["design", "changes", "train_tokens", "train_seconds", f"{domain}_validation", f"{domain}_validation_soft",
-             f"{domain}_validation_hard", f"{domain}_validation_soft_vs_pretrained",
-             f"{domain}_validation_hard_vs_pretrained"]
+             f"{domain}_validation_hard", *versus[:6]]
     present = [c for c in first if c in frame]
-    tests = sorted(c for c in frame if "_test" in c)
+    tests = sorted(c for c in frame if "_test" in c and c not in versus)
+    present_later = [c for c in versus[6:] if c in frame]
     contexts = sorted((c for c in frame if c.startswith("ctx")), key=lambda c: (int(c[3:].split("_")[0]), c))
-    rest = [c for c in frame if c not in present + tests + contexts]
-    return present + tests + contexts + rest
+    rest = [c for c in frame if c not in present + tests + present_later + contexts]
+    return present + tests + present_later + contexts + rest
 
 
 def plot_study_curves(frame: pd.DataFrame, metrics: list[str | Path], summaries: list[str | Path], domain: str,

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from focus.models import tiny_model
-from focus.perplexity import perplexity, sliding_windows, token_nll
+from focus.perplexity import paired_ratio, perplexity, sliding_windows, token_nll
 
 COMBOS = [(8, 8), (8, 3), (8, 1), (16, 5), (7, 7), (13, 4), (64, 64), (64, 7)]  # (context_length, stride)
 
@@ -68,6 +68,22 @@ def test_stride_equal_to_context_is_independent_chunks(llama):
     torch.testing.assert_close(per_token, expected, atol=1e-5, rtol=0)
     result = perplexity(llama, ids, context, context, progress=False)
     assert result["nll"] == pytest.approx(expected.double().mean().item(), abs=1e-6)
+    chunks = expected.double().split(context)  # windows of 8 scored tokens, the last of 1
+    assert result["window_tokens"] == [8] * 6 + [1]
+    assert result["window_nll"] == pytest.approx([chunk.mean().item() for chunk in chunks], abs=1e-6)
+
+
+def test_paired_ratio_is_the_perplexity_ratio_with_an_interval_from_the_window_differences():
+    base = [3.0, 3.5, 2.5, 4.0]
+    shifted = [nll + 0.1 for nll in base]  # every window 0.1 nats worse: no spread, an interval of zero width
+    assert paired_ratio(shifted, base) == pytest.approx((math.expm1(0.1),) * 3)
+    noisy = [nll + d for nll, d in zip(base, [0.3, -0.1, 0.2, 0.0])]
+    ratio, low, high = paired_ratio(noisy, base)
+    half = 1.96 * torch.tensor([0.3, -0.1, 0.2, 0.0]).double().std().item() / 2  # sqrt(4 windows)
+    assert ratio == pytest.approx(math.expm1(0.1)) and low < 0 < high
+    assert (low, high) == pytest.approx((math.expm1(0.1 - half), math.expm1(0.1 + half)))
+    with pytest.raises(ValueError, match="at least 2 windows"):
+        paired_ratio([3.0], [2.0])
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2", "gemma2"])

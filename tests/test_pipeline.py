@@ -225,8 +225,11 @@ def test_minimal_run_writes_sane_artifacts(mini_run):
     for column in ("books_validation_soft", "books_validation_hard", "books_test_hard", "ctx128_hard", "needle_hard",
                    "nmi_category", "nmi_position", "distant_recall", "distant_kept", "train_seconds"):
         assert math.isfinite(study.loc["focus", column]), column
-    assert study.loc["focus", "books_validation_hard_vs_pretrained"] == pytest.approx(
-        study.loc["focus", "books_validation_hard"] / study.loc["pretrained", "books_validation"] - 1)
+    for split in ("validation", "test"):
+        versus = study.loc["focus", [f"books_{split}_hard_vs_pretrained{b}" for b in ("_low", "", "_high")]]
+        assert versus.iloc[1] == pytest.approx(
+            study.loc["focus", f"books_{split}_hard"] / study.loc["pretrained", f"books_{split}"] - 1)
+        assert versus.iloc[0] <= versus.iloc[1] <= versus.iloc[2]  # the paired interval over the windows
     reference = json.loads((results / "train" / "tiny-qwen2" / "focus" / "summary.json").read_text())["reference_eval"]
     assert set(reference) == {"pretrained", "init_soft", "init_hard"} and reference["pretrained"] > 1000  # random init
     assert (results / "figures" / "study_curves.png").stat().st_size > 10_000
