@@ -130,24 +130,28 @@ def _column_order(frame: pd.DataFrame, domain: str) -> list[str]:
 
 def plot_study_curves(frame: pd.DataFrame, metrics: list[str | Path], summaries: list[str | Path], domain: str,
                       figure: str | Path) -> None:
-    """Left: validation perplexity (soft, the training job's evaluation rows) per training step for every design,
-    starting at its k-means initialisation, with the pretrained model on the same rows as a line. Right: the
+    """Left: validation perplexity (the training job's evaluation rows, in the mode the design's objective trains:
+    soft for the soft gate's, hard for the others) per training step for every design, starting at its k-means
+    initialisation, with the pretrained model on the same rows as a line. Right: the
     validation split's perplexity, soft and hard, per design against pretrained."""
     plt = pyplot()
     fig, (curves, bars) = plt.subplots(1, 2, figsize=(13, 4.5))
     pretrained = None
     for path, summary_path in zip(sorted(metrics, key=str), sorted(summaries, key=str)):
         variant = Path(path).parent.name
-        reference = json.loads(Path(summary_path).read_text()).get("reference_eval", {})
+        summary = json.loads(Path(summary_path).read_text())
+        reference, mode = summary.get("reference_eval", {}), summary.get("eval_mode", "soft")
         pretrained = reference.get("pretrained", pretrained)
         log = pd.DataFrame([json.loads(line) for line in Path(path).read_text().splitlines()])
         evals = log.dropna(subset=["eval/ppl"]) if "eval/ppl" in log else log.iloc[:0]
-        steps = ([0] if "init_soft" in reference else []) + evals["step"].tolist()
-        values = ([reference["init_soft"]] if "init_soft" in reference else []) + evals["eval/ppl"].tolist()
-        curves.plot(steps, values, marker="o", markersize=3, label=variant)
+        start = reference.get(f"init_{mode}")  # the k-means initialisation, scored in the mode the curve is in
+        steps = ([0] if start is not None else []) + evals["step"].tolist()
+        values = ([start] if start is not None else []) + evals["eval/ppl"].tolist()
+        curves.plot(steps, values, marker="o", markersize=3, label=f"{variant} ({mode})")
     if pretrained is not None:
         curves.axhline(pretrained, color="black", linestyle="--", label="pretrained")
-    curves.set(title="validation perplexity while training (soft)", xlabel="step", ylabel="perplexity")
+    curves.set(title="validation perplexity while training (in the mode each objective trains)", xlabel="step",
+               ylabel="perplexity")
     curves.legend(fontsize="small")
 
     designs = frame[frame["design"] != PRETRAINED]
