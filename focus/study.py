@@ -2,9 +2,10 @@
 
 One row per design (and one for the pretrained model): what it changes, its wall time, perplexity on the
 validation split of the study domain (what the choice is made on), soft and hard, each against the pretrained
-model with its paired 95% interval over the evaluation windows, then the test splits (reported, never tuned on), long-context perplexity and pass-key accuracy, how its groups align with token category and with
-position (NMI), and what its hard pattern keeps of the pretrained model's distant attention: the share of the mass
-(`distant_recall`) and of the pairs (`distant_kept`, the cost; `focus.diagnostics`). The figure shows validation
+model with its paired 95% interval over the evaluation windows, then the test splits (reported, never tuned on),
+long-context perplexity and pass-key accuracy, how its groups align with token category and with position (NMI),
+and what its hard pattern keeps of the pretrained model's distant attention: the share of the mass (`distant_recall`)
+and of the pairs (`distant_kept`, the cost; `focus.diagnostics`). The figure shows validation
 perplexity during training against the pretrained model on the same rows.
 """
 
