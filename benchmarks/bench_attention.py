@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from focus.benchmark import parse_settings, run_benchmark
+from focus.eval.speed import parse_settings
+from focus.pipeline.benchmark import run_benchmark
 
 
 def main() -> None:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from focus.benchmark import parse_settings
-from focus.decode_benchmark import run_decode_benchmark
+from focus.eval.speed import parse_settings
+from focus.pipeline.benchmark import run_decode_benchmark
 
 
 def main() -> None:

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/oracle_selection.py --adapters results/study/train/smollm2/*/adapter --tag study
 
 For each trained adapter, on the books validation split (the study's tokens, non-overlapping rows of the study's
-context): the pretrained model, Focus hard top-k, and the oracle (`focus.diagnostics.oracle_selection`), which
+context): the pretrained model, Focus hard top-k, and the oracle (`focus.eval.diagnostics.oracle_selection`), which
 keeps in every layer and query row the same number of distant pairs as that adapter's hard pattern, but the
 heaviest by the true attention logits. The oracle is the bar for routing at this cost: if it is above pretrained,
 choosing better pairs alone cannot make hard Focus beat the model it retrofits. Every ratio to pretrained comes
@@ -24,11 +24,11 @@ import torch.nn.functional as F
 from safetensors import safe_open
 
 from focus import load_focus, remove_focus, set_focus_mode
-from focus.diagnostics import distant_attention_recall, oracle_selection
+from focus.artifacts import markdown_table
+from focus.eval.diagnostics import distant_attention_recall, oracle_selection
+from focus.eval.perplexity import paired_ratio
 from focus.files import write_text
 from focus.models import PACKAGED_SMOLLM2, load_model
-from focus.perplexity import paired_ratio
-from focus.report import markdown_table
 
 
 def main() -> None:

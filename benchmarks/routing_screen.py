@@ -6,7 +6,7 @@
 For every design (FocusConfig changes), centroids are k-means of calibration rows of the books train split (as
 apply_focus initialises them), then on validation rows: the share of the pretrained model's distant attention mass
 the hard pattern keeps, the share of distant pairs it keeps, the per-row oracle at that cost
-(`focus.diagnostics`), and hard-mode perplexity with every layer sparsified. Writes
+(`focus.eval.diagnostics`), and hard-mode perplexity with every layer sparsified. Writes
 <out>/routing_screen_<tag>.{csv,md}.
 """
 
@@ -21,12 +21,12 @@ import pandas as pd
 import torch
 
 from focus import FocusConfig, apply_focus, remove_focus
+from focus.artifacts import markdown_table
 from focus.data import chunk_tokens, load_corpus, tokenize_corpus
-from focus.diagnostics import distant_attention_recall
+from focus.eval.diagnostics import distant_attention_recall
 from focus.files import write_text
 from focus.models import PACKAGED_SMOLLM2, load_model
-from focus.report import markdown_table
-from focus.training import evaluate_loss
+from focus.train.loop import evaluate_loss
 
 DESIGNS = {
     "key routing (a query takes its key's groups)": {"route_queries": "key", "unrotate": False},

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from focus.study import write_study
+from focus.report.study import write_study
 
 
 def main() -> None:

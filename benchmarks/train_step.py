@@ -22,7 +22,7 @@ from focus import FocusConfig, apply_focus, focus_parameters, remove_focus, set_
 from focus.data import load_corpus, tokenize_corpus
 from focus.models import PACKAGED_SMOLLM2, load_model
 from focus.provenance import provenance
-from focus.training import next_token_loss
+from focus.train.loop import next_token_loss
 
 
 def median_seconds(fn, repeats: int) -> float:

@@ -17,10 +17,11 @@ import torch
 
 from focus import FocusConfig, apply_focus, focus_parameter_count, save_focus, set_focus_mode
 from focus.data import chunk_tokens, load_corpus, tokenize_corpus
+from focus.eval.perplexity import perplexity
 from focus.models import PACKAGED_SMOLLM2, load_model
-from focus.perplexity import perplexity
 from focus.provenance import provenance
-from focus.training import TrainConfig, train_centroids
+from focus.train.config import TrainConfig
+from focus.train.loop import train_parameters
 
 
 def main() -> None:
@@ -50,7 +51,7 @@ def main() -> None:
     set_focus_mode(model, "soft")
     tic = time.perf_counter()
     train_config = TrainConfig(steps=args.steps, batch_size=2, lr=1e-2, log_every=5, checkpoint_every=10)
-    final = train_centroids(model, train[8:], train_config, out / "train")
+    final = train_parameters(model, train[8:], train_config, out / "train")
     train_seconds = time.perf_counter() - tic
     for mode in ("soft", "hard"):
         set_focus_mode(model, mode)

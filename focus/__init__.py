@@ -1,9 +1,9 @@
 """Focus: centroid-routed sparse attention retrofitted onto frozen Hugging Face causal LMs."""
 
-from .adapter import load_focus, save_focus
-from .config import ConfigError, FocusConfig
-from .hub import load_focus_model, push_to_hub
-from .retrofit import (
+from focus.adapter import load_focus, save_focus
+from focus.config import ConfigError, FocusConfig
+from focus.hub import load_focus_model, push_to_hub
+from focus.retrofit import (
     apply_focus,
     focus_config,
     focus_parameter_count,
@@ -12,8 +12,7 @@ from .retrofit import (
     remove_focus,
     set_focus_mode,
 )
-
-__version__ = "0.1.0"
+from focus.version import __version__ as __version__
 
 __all__ = [
     "ConfigError",

@@ -21,11 +21,12 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
-from .config import ConfigError, FocusConfig, to_dict
-from .distributed import barrier, copy_full_, full_state, is_main_process
-from .files import atomic_write, write_json
-from .provenance import git_commit
-from .retrofit import apply_focus, attention_modules, focus_config, has_focus, head_shape
+from focus.config import ConfigError, FocusConfig, to_dict
+from focus.distributed import barrier, copy_full_, full_state, is_main_process
+from focus.files import atomic_write, write_json
+from focus.provenance import git_commit
+from focus.retrofit import apply_focus, attention_modules, focus_config, has_focus, head_shape
+from focus.version import __version__
 
 CONFIG_NAME = "focus_config.json"
 WEIGHTS_NAME = "focus_centroids.safetensors"
@@ -40,8 +41,6 @@ def save_focus(model: PreTrainedModel, directory: str | Path, base_model: str | 
     """
     if not has_focus(model):
         raise ValueError("model has no Focus to save; call apply_focus first")
-    from . import __version__
-
     directory = Path(directory)
     modules = attention_modules(model)
     tensors = {}

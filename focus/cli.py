@@ -17,10 +17,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from .adapter import AdapterError
-from .config import ConfigError, FocusConfig, to_dict
-from .models import PACKAGED_SMOLLM2
-from .training import TrainConfig
+from focus.adapter import AdapterError
+from focus.config import ConfigError, FocusConfig, to_dict
+from focus.models import PACKAGED_SMOLLM2
+from focus.train.config import TrainConfig
 
 COMMANDS = ("train", "eval", "generate", "bench")
 
@@ -120,7 +120,8 @@ def _parse(command: str, classes: tuple, argv: list[str]) -> tuple:
 
 
 def _train(argv: list[str]) -> int:
-    from .experiments import prepare_tokens, train_focus
+    from focus.pipeline.jobs import TrainingJob
+    from focus.pipeline.stages import prepare_tokens, train_focus
 
     model, data, args, focus, train = _parse(
         "train", (ModelArguments, DataArguments, TrainArguments, FocusConfig, TrainConfig), argv)
@@ -129,10 +130,9 @@ def _train(argv: list[str]) -> int:
     tokens = out / f"{data.domain}.tokens.safetensors"
     if not tokens.exists():
         prepare_tokens(model.model, data.domain, ["train", "validation"], tokens, data.mirror)
-    summary = train_focus(
-        model.model, model.dtype, to_dict(focus), asdict(train), tokens, args.seq_len, args.calibration_rows,
-        args.eval_rows, out / "adapter", out / "metrics.jsonl", out / "summary.json",
-    )
+    job = TrainingJob(tokens, args.seq_len, asdict(train), out / "metrics.jsonl", out / "summary.json",
+                      calibration_rows=args.calibration_rows, eval_rows=args.eval_rows)
+    summary = train_focus(model.model, model.dtype, to_dict(focus), job, out / "adapter")
     final = summary.get("final", {})
     print(f"adapter: {out / 'adapter'}  validation perplexity {final.get('eval/ppl', float('nan')):.2f} after "
           f"{final.get('step')} steps ({summary.get('trainable_parameters')} trained parameters)")
@@ -140,8 +140,8 @@ def _train(argv: list[str]) -> int:
 
 
 def _eval(argv: list[str]) -> int:
-    from .adapter import resolve_adapter
-    from .experiments import evaluate_benchmarks, evaluate_perplexity, prepare_tokens
+    from focus.adapter import resolve_adapter
+    from focus.pipeline.stages import evaluate_benchmarks, evaluate_perplexity, prepare_tokens
 
     model, data, adapter, args = _parse("eval", (ModelArguments, DataArguments, AdapterArguments, EvalArguments), argv)
     trained = resolve_adapter(adapter.adapter, adapter.revision) if adapter.adapter else None
@@ -168,10 +168,10 @@ def _eval(argv: list[str]) -> int:
 def _generate(argv: list[str]) -> int:
     import torch
 
-    from .adapter import load_focus
-    from .decoding import FocusCache
-    from .models import load_model
-    from .retrofit import set_focus_mode
+    from focus.adapter import load_focus
+    from focus.attention.decoding import FocusCache
+    from focus.models import load_model
+    from focus.retrofit import set_focus_mode
 
     model_args, adapter, args = _parse("generate", (ModelArguments, AdapterArguments, GenerateArguments), argv)
     model, tokenizer = load_model(model_args.model, getattr(torch, model_args.dtype))
@@ -194,14 +194,14 @@ def _generate(argv: list[str]) -> int:
 
 def _bench(argv: list[str]) -> int:
     (args,) = _parse("bench", (BenchArguments,), argv)
-    from .benchmark import parse_settings
+    from focus.eval.speed import parse_settings
 
     settings = parse_settings(args.settings)
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     model = args.model or None
     if args.kind == "decode":
-        from .decode_benchmark import run_decode_benchmark
+        from focus.pipeline.benchmark import run_decode_benchmark
 
         run_decode_benchmark({"cache_lengths": args.lengths, "settings": settings, "dtype": args.dtype,
                               "repeats": args.repeats, "prompt_lengths": args.prompt_lengths,
@@ -209,7 +209,7 @@ def _bench(argv: list[str]) -> int:
                              out / f"generate_{args.tag}.csv", out / f"decode_speedup_{args.tag}.png")
         tables = (f"decode_step_{args.tag}.md", f"generate_{args.tag}.md")
     else:
-        from .benchmark import run_benchmark
+        from focus.pipeline.benchmark import run_benchmark
 
         run_benchmark({"lengths": args.lengths, "settings": settings, "dtype": args.dtype, "repeats": args.repeats,
                        "prefill_lengths": args.prompt_lengths, "prefill_settings": settings[:1]}, model,

@@ -114,8 +114,8 @@ def _check_sha256(path: Path, expected: str, size: int, mtime_ns: int) -> None:
     import hashlib
     import json
 
-    from .files import write_json
-    from .models import focus_cache_dir
+    from focus.files import write_json
+    from focus.models import focus_cache_dir
 
     version = {"size": size, "mtime_ns": mtime_ns, "sha256": expected}
     record = focus_cache_dir() / "mirror_checks.json"

@@ -7,8 +7,8 @@ over processes); optimizer state exists for the centroid shards only. FSDP2 shar
 weights and trainable centroids can live in the same layer.
 
 Data parallelism: each process scores its own rows of every global batch. The running group-balance bias that
-inference routing uses is averaged across processes in `focus.attention.route`, so every process (and a
-single-process run on the same global batch) ends with the same buffers. `focus.training.train_centroids` splits
+inference routing uses is averaged across processes in `focus.attention.function.route`, so every process (and a
+single-process run on the same global batch) ends with the same buffers. `focus.train.train_parameters` splits
 every batch over the processes and writes whole (gathered) tensors in the single-process checkpoint format.
 
 Launching: under `torchrun`, `torchrun_process_group` joins the processes torchrun started; `run_on_processes`
@@ -174,7 +174,7 @@ def run_on_processes(fn: Callable[..., Any], processes: int, /, **kwargs: Any) -
 
     `fn` must be importable (a module-level function) and join the processes itself (`torchrun_process_group`);
     `fn`, `kwargs` and the result travel pickled. The processes inherit this one's stdout and stderr (the file
-    descriptors: `focus.experiments.start_job` points them at the job's log) and share its torch threads. A
+    descriptors: `focus.pipeline.jobs.start_job` points them at the job's log) and share its torch threads. A
     separate torchrun, not multiprocessing: spawned workers re-run the parent's main script, a Snakemake script.
 
     Raises:

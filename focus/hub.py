@@ -17,8 +17,16 @@ from pathlib import Path
 
 from transformers import PreTrainedModel
 
-from .adapter import CARD_NAME, CONFIG_NAME, WEIGHTS_NAME, load_focus, read_adapter_config, resolve_adapter, save_focus
-from .files import atomic_write
+from focus.adapter import (
+    CARD_NAME,
+    CONFIG_NAME,
+    WEIGHTS_NAME,
+    load_focus,
+    read_adapter_config,
+    resolve_adapter,
+    save_focus,
+)
+from focus.files import atomic_write
 
 
 def load_focus_model(source: str | Path, revision: str | None = None, dtype=None, device: str = "cpu",
@@ -33,7 +41,7 @@ def load_focus_model(source: str | Path, revision: str | None = None, dtype=None
     """
     import torch
 
-    from .models import load_model
+    from focus.models import load_model
 
     directory = resolve_adapter(source, revision)
     record = read_adapter_config(directory)

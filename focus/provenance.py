@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from focus.version import __version__
+
 _PACKAGES = ("torch", "transformers", "accelerate", "safetensors", "datasets", "peft", "lm_eval", "wandb", "snakemake")
 
 
@@ -60,8 +62,6 @@ def _cpu_name() -> str:
 
 
 def provenance() -> dict:
-    from . import __version__
-
     return {
         "focus_version": __version__,
         "git_commit": git_commit(),

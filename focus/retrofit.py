@@ -16,11 +16,12 @@ from torch import nn
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from .attention import FOCUS_ATTENTION, focus_attention, key_positions, routing_vectors, unmodified_attention
-from .config import FocusConfig
-from .distributed import copy_full_
-from .models import input_device
-from .routing import spherical_kmeans
+from focus.attention.function import FOCUS_ATTENTION, focus_attention, key_positions, routing_vectors
+from focus.attention.reference import unmodified_attention
+from focus.attention.routing import spherical_kmeans
+from focus.config import FocusConfig
+from focus.distributed import copy_full_
+from focus.models import input_device
 
 logger = logging.getLogger(__name__)
 

@@ -5,9 +5,9 @@ import torch
 from torch import nn
 
 from focus import FocusConfig
-from focus.attention import focus_attention, route
-from focus.reference import dense_attention, hard_allowed, sink_keys, soft_bias
-from focus.routing import routing_logits, top_k_groups
+from focus.attention.function import focus_attention, route
+from focus.attention.reference import dense_attention, hard_allowed, sink_keys, soft_bias
+from focus.attention.routing import routing_logits, top_k_groups
 
 
 def make_layer(config: FocusConfig, kv_heads: int, head_dim: int, seed: int = 0) -> nn.Module:

@@ -59,7 +59,7 @@ def test_bench_writes_the_decode_tables_and_refuses_malformed_settings(tmp_path,
 
 
 def test_settings_are_parsed_as_colon_separated_integers():
-    from focus.benchmark import parse_settings
+    from focus.eval.speed import parse_settings
 
     assert parse_settings(["16:256:1", "8:64:2"]) == [[16, 256, 1], [8, 64, 2]]
     assert parse_settings(["9:3"], "query heads:key/value heads") == [[9, 3]]

@@ -260,7 +260,7 @@ def test_a_damaged_mirror_fails_profile_validation_in_one_line(mirror_copy):
     import yaml
 
     from focus.config import ConfigError
-    from focus.profile import resolve_profile
+    from focus.pipeline.profile import resolve_profile
 
     root = Path(__file__).resolve().parent.parent
     books = mirror_copy / "pg19_style_books" / "books.jsonl"

@@ -6,12 +6,12 @@ import os
 
 import pytest
 import torch
-
-import focus.attention
-import focus.decoding
-from focus import FocusConfig
-from focus.decoding import CACHE_INDEX_ATTRIBUTE, GroupIndex
 from test_attention import make_inputs, make_layer, reference_attention, run_focus
+
+import focus.attention.decoding
+import focus.attention.function
+from focus import FocusConfig
+from focus.attention.decoding import CACHE_INDEX_ATTRIBUTE, GroupIndex
 
 
 @pytest.fixture(autouse=True)
@@ -19,7 +19,7 @@ def small_pages(request, monkeypatch):
     """Pages of 4 positions, so that the short sequences here spread every group's list over several pages (a test
     marked `real_pages` keeps the library's size)."""
     if "real_pages" not in request.keywords:
-        monkeypatch.setattr(focus.decoding, "PAGE", 4)
+        monkeypatch.setattr(focus.attention.decoding, "PAGE", 4)
 
 CASES = {
     # heads, kv_heads, top_k, window, sinks, pads, route_queries
@@ -36,17 +36,17 @@ CASES = {
 @contextlib.contextmanager
 def counting_sparse_steps():
     """Counts the calls of the sparse decoding step (a plain counter: a Mock would keep every call's cache alive)."""
-    calls, step = [0], focus.attention.sparse_decode_attention
+    calls, step = [0], focus.attention.function.sparse_decode_attention
 
     def counted(*args, **kwargs):
         calls[0] += 1
         return step(*args, **kwargs)
 
-    focus.attention.sparse_decode_attention = counted
+    focus.attention.function.sparse_decode_attention = counted
     try:
         yield calls
     finally:
-        focus.attention.sparse_decode_attention = step
+        focus.attention.function.sparse_decode_attention = step
 
 
 def decode(layer, q, key, v, mask, prompt: int, chunk: int = 1):
@@ -190,8 +190,8 @@ def test_generate_through_a_focus_cache_on_smollm2_is_the_dense_pattern(smollm2)
     The prompt is 1,024 tokens in the suite (about a minute here); FOCUS_DECODE_TEST_PROMPT=4096 runs the issue's
     4K check (several minutes on a 2-core CPU)."""
     from focus import apply_focus, remove_focus
+    from focus.attention.decoding import FocusCache
     from focus.data import load_corpus, tokenize_corpus
-    from focus.decoding import FocusCache
 
     model, tokenizer = smollm2
     text = tokenize_corpus(load_corpus("books", "validation")[:60_000], tokenizer)
@@ -224,7 +224,7 @@ def test_generate_through_a_focus_cache_on_smollm2_is_the_dense_pattern(smollm2)
 
 
 def test_decode_step_rows_time_both_sides_and_count_the_keys_a_step_reads():
-    from focus.decode_benchmark import decode_step_rows
+    from focus.eval.decode_speed import decode_step_rows
 
     rows = decode_step_rows([2048], [(8, 64, 1), (8, 64, 2)], [(4, 2)], head_dim=16, repeats=2, progress=lambda _: None)
     assert [(row["top_k"], row["cache"]) for row in rows] == [(1, 2048), (2, 2048)]
@@ -239,7 +239,7 @@ def test_decode_step_rows_time_both_sides_and_count_the_keys_a_step_reads():
 
 
 def test_cache_rows_are_addressed_in_place_when_the_cache_is_a_prefix_and_copied_otherwise():
-    from focus.decoding import _as_rows
+    from focus.attention.decoding import _as_rows
 
     buffer = torch.randn(2, 3, 10, 4)
     for cache, copied in ((buffer[:, :, :7], False), (buffer, False), (buffer[:, :, 3:], True)):

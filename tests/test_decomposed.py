@@ -3,15 +3,15 @@
 import pytest
 import torch
 
-from focus.decomposed import (
+from focus.attention.decomposed import (
     available_backends,
     decomposed_hard_attention,
-    force_backend,
     pair_counts,
     select_backend,
     theoretical_ratio,
 )
-from focus.reference import causal_pairs, dense_attention, hard_allowed, sink_keys
+from focus.attention.fast_path import current_fast_path, fast_path, use_fast_path
+from focus.attention.reference import causal_pairs, dense_attention, hard_allowed, sink_keys
 
 
 def random_groups(b, k_heads, length, num_groups, top_k, generator, empty=()):
@@ -111,15 +111,16 @@ def test_bfloat16_error_within_twice_the_reference_error(one_thread):
     assert (ours.float() - exact).abs().max() <= 2 * ref_error
 
 
-def test_backend_is_picked_once_and_can_be_forced():
-    assert select_backend("cpu") == "torch"
-    force_backend("flash")
-    try:
+def test_the_fast_path_switch_pins_the_backend_and_restores_it():
+    assert current_fast_path() == "auto" and select_backend("cpu") == "torch"
+    with fast_path("flash"):
         assert select_backend("cpu") == "flash"
-    finally:
-        force_backend(None)
-    with pytest.raises(ValueError, match="unknown backend 'triton'"):
-        force_backend("triton")
+        with fast_path("dense"):
+            assert current_fast_path() == "dense"
+        assert current_fast_path() == "flash"
+    assert current_fast_path() == "auto" and select_backend("cpu") == "torch"
+    with pytest.raises(ValueError, match="unknown fast path 'triton'"):
+        use_fast_path("triton")
 
 
 def test_pair_counts_and_theoretical_ratio():
@@ -147,7 +148,7 @@ def test_hard_focus_model_logits_equal_the_dense_path(family, route_queries, mon
     padding, for every family (Mistral's and Gemma's own sliding windows and Gemma 2's soft-capping take the dense
     path by design: the decomposition is only used where the model mask is causal plus padding)."""
     from focus import FocusConfig, apply_focus
-    from focus import attention as focus_attention_module
+    from focus.attention import function as focus_attention_module
     from focus.models import tiny_model
 
     model = tiny_model(family, seed=0)
@@ -163,8 +164,8 @@ def test_hard_focus_model_logits_equal_the_dense_path(family, route_queries, mon
                         lambda *args, **kwargs: calls.append(1) or original(*args, **kwargs))
     with torch.no_grad():
         fast = model(input_ids=ids, attention_mask=mask).logits
-        monkeypatch.setattr(focus_attention_module, "DECOMPOSE_HARD_PREFILL", False)
-        dense = model(input_ids=ids, attention_mask=mask).logits
+        with fast_path("dense"):
+            dense = model(input_ids=ids, attention_mask=mask).logits
     real = mask.bool()
     torch.testing.assert_close(fast[real], dense[real], atol=2e-5, rtol=1e-4)
     expected_calls = {"gpt2": 2, "llama": 2, "mistral": 0, "qwen2": 2, "gemma2": 0, "gemma3": 1}[family]
@@ -174,7 +175,6 @@ def test_hard_focus_model_logits_equal_the_dense_path(family, route_queries, mon
 @pytest.mark.parametrize("route_queries", ["key", "query"])
 def test_generate_after_a_decomposed_prefill_matches_the_dense_path(route_queries, monkeypatch, one_thread):
     from focus import FocusConfig, apply_focus
-    from focus import attention as focus_attention_module
     from focus.models import tiny_model
 
     model = tiny_model("llama", seed=0)
@@ -183,5 +183,5 @@ def test_generate_after_a_decomposed_prefill_matches_the_dense_path(route_querie
                 calibration_ids=ids)
     settings = dict(max_new_tokens=12, do_sample=False)
     fast = model.generate(ids, **settings)
-    monkeypatch.setattr(focus_attention_module, "DECOMPOSE_HARD_PREFILL", False)
-    assert torch.equal(fast, model.generate(ids, **settings))
+    with fast_path("dense"):
+        assert torch.equal(fast, model.generate(ids, **settings))

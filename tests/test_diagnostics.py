@@ -2,14 +2,14 @@
 
 import pytest
 import torch
+from test_attention import make_inputs, make_layer
 
 from focus import FocusConfig, apply_focus, remove_focus
+from focus.attention.reference import dense_attention, hard_allowed, sink_keys
+from focus.attention.routing import top_k_groups
 from focus.data import chunk_tokens, load_corpus, tokenize_corpus
-from focus.diagnostics import _oracle_attention, distant_attention_recall, oracle_selection
+from focus.eval.diagnostics import _oracle_attention, distant_attention_recall, oracle_selection
 from focus.models import tiny_model
-from focus.reference import dense_attention, hard_allowed, sink_keys
-from focus.routing import top_k_groups
-from test_attention import make_inputs, make_layer
 
 
 def rows(model, length=48, n=2, seed=0):

@@ -1,5 +1,5 @@
 """Centroid training sharded over 2 CPU processes (FSDP2, gloo) equals one process on the same global batch:
-a hand-written loop, `train_centroids` itself (checkpoints and adapters in the single-process format, resumable
+a hand-written loop, `train_parameters` itself (checkpoints and adapters in the single-process format, resumable
 across process counts), and the pipeline's `train_focus` stage on 2 processes."""
 
 import json
@@ -15,13 +15,15 @@ from safetensors.torch import load_file, save_file
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "distributed"))
-import train_centroids_run  # noqa: E402
-from train_sharded import ROWS, LENGTH, centroid_run  # noqa: E402
+import train_parameters_run  # noqa: E402
+from train_sharded import LENGTH, ROWS, centroid_run  # noqa: E402
 
 from focus import load_focus  # noqa: E402
 from focus.adapter import CONFIG_NAME, WEIGHTS_NAME  # noqa: E402
 from focus.models import tiny_model  # noqa: E402
-from focus.training import CHECKPOINT_NAME, METRICS_NAME, train_centroids  # noqa: E402
+from focus.pipeline.jobs import TrainingJob  # noqa: E402
+from focus.train.checkpoint import CHECKPOINT_NAME  # noqa: E402
+from focus.train.loop import METRICS_NAME, train_parameters  # noqa: E402
 
 
 def torchrun(script: str, *args: str) -> None:
@@ -79,8 +81,8 @@ def _records(folder: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_train_centroids_on_two_processes_equals_one_and_checkpoints_cross_process_counts(tmp_path, one_thread):
-    run = train_centroids_run
+def test_train_parameters_on_two_processes_equals_one_and_checkpoints_cross_process_counts(tmp_path, one_thread):
+    run = train_parameters_run
     single, fresh, resumed = tmp_path / "single", tmp_path / "fresh", tmp_path / "resumed"
     trained = run.run(single, sharded=False)
     run.save_focus(trained, single / "adapter", base_model="tiny:llama")
@@ -92,7 +94,7 @@ def test_train_centroids_on_two_processes_equals_one_and_checkpoints_cross_proce
         run.run(resumed, sharded=False, on_log=crash_at_step_4)
     assert _checkpoint(resumed)["step"] == 3
 
-    torchrun("train_centroids_run.py", str(fresh), str(resumed))
+    torchrun("train_parameters_run.py", str(fresh), str(resumed))
 
     one = _checkpoint(single)
     for two in (_checkpoint(fresh), _checkpoint(resumed)):  # from step 0 on 2 processes; resumed there from 1
@@ -127,7 +129,7 @@ def test_train_centroids_on_two_processes_equals_one_and_checkpoints_cross_proce
     # A 2-process checkpoint resumes in one process: a finished run, so it only loads the trained state.
     _, rows, held_out = run.data()
     model = run.model()
-    final = train_centroids(model, rows, run.CONFIG, fresh, eval_data=held_out, progress=False)
+    final = train_parameters(model, rows, run.CONFIG, fresh, eval_data=held_out, progress=False)
     two = _checkpoint(fresh)
     assert final == two["final_metrics"]
     for name, tensor in model.named_parameters():
@@ -145,30 +147,28 @@ def _adapter_tensors(model) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def _stage_settings(tmp_path: Path, lr: float) -> dict:
-    """Arguments of a pipeline training stage on tiny:llama: 14 training rows of 32 tokens after 2 for calibration."""
+def _stage_settings(tmp_path: Path, lr: float, out: Path) -> dict:
+    """Arguments of a pipeline training stage on tiny:llama: 14 training rows of 32 tokens after 2 for calibration,
+    records in `out`."""
     ids = torch.randint(3, 4000, (20 * 32,), generator=torch.Generator().manual_seed(2), dtype=torch.int32)
     tokens = tmp_path / "tokens.safetensors"
     save_file({"train": ids[:16 * 32], "validation": ids[16 * 32:]}, str(tokens))
-    return dict(
-        source="tiny:llama", dtype="float32", train={"steps": 3, "batch_size": 4, "lr": lr, "log_every": 1,
-                                                     "checkpoint_every": 2},
-        tokens=tokens, seq_len=32, calibration_rows=2, eval_rows=3, progress=False,
-    )
+    train = {"steps": 3, "batch_size": 4, "lr": lr, "log_every": 1, "checkpoint_every": 2}
+    job = TrainingJob(tokens, 32, train, out / "metrics.jsonl", out / "summary.json", calibration_rows=2, eval_rows=3,
+                      progress=False)
+    return dict(source="tiny:llama", dtype="float32", job=job)
 
 
 @pytest.mark.slow
 def test_train_focus_stage_on_two_processes_writes_the_single_process_artifacts(tmp_path, one_thread):
-    from focus.experiments import train_focus
+    from focus.pipeline.stages import train_focus
 
-    settings = {**_stage_settings(tmp_path, lr=1e-2), "focus": {"num_groups": 4, "window": 8, "top_k": 1}}
+    focus = {"num_groups": 4, "window": 8, "top_k": 1}
     summaries = {}
     for processes in (1, 2):
         out = tmp_path / str(processes)
-        summaries[processes] = train_focus(
-            **settings, adapter_dir=out / "adapter", metrics=out / "metrics.jsonl", summary=out / "summary.json",
-            processes=processes,
-        )
+        summaries[processes] = train_focus(**_stage_settings(tmp_path, 1e-2, out), focus=focus,
+                                           adapter_dir=out / "adapter", processes=processes)
         assert json.loads((out / "summary.json").read_text())["processes"] == processes
         assert not (out / "run").exists()  # the checkpoint folder is gone once the outputs are written
         assert "| steps | 3 |" in (out / "adapter" / "README.md").read_text()  # the model card, by process 0
@@ -182,14 +182,13 @@ def test_train_focus_stage_on_two_processes_writes_the_single_process_artifacts(
 
 @pytest.mark.slow
 def test_full_finetune_stage_on_two_processes_saves_the_whole_model(tmp_path, one_thread):
-    from focus.experiments import train_full_finetune
     from focus.models import load_model
+    from focus.pipeline.stages import train_full_finetune
 
     weights = {}
     for processes in (1, 2):
         out = tmp_path / str(processes)
-        train_full_finetune(**_stage_settings(tmp_path, lr=1e-3), model_dir=out / "model", metrics=out / "metrics.jsonl",
-                            summary=out / "summary.json", processes=processes)
+        train_full_finetune(**_stage_settings(tmp_path, 1e-3, out), model_dir=out / "model", processes=processes)
         weights[processes] = load_model(out / "model")[0].state_dict()
         assert json.loads((out / "model" / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
     assert weights[1].keys() == weights[2].keys()

@@ -12,15 +12,15 @@ import torch
 from safetensors.torch import save_file
 
 from focus import FocusConfig, apply_focus, set_focus_mode
-from focus.claims import CLAIMS, FAILS, HOLDS, UNTESTED, judge_claims
+from focus.artifacts import markdown_table
 from focus.data import find_mirror
-from focus.experiments import evaluate_benchmarks, load_method, train_lora
-from focus.harness import run_tasks, write_mirror_tasks
-from focus.lora import lora_name, parse_lora_name
+from focus.eval.harness import run_tasks, write_mirror_tasks
+from focus.eval.needle import needle_trials
 from focus.models import load_model, tiny_model
-from focus.needle import needle_trials
-from focus.profile import method_variant
-from focus.report import markdown_table
+from focus.pipeline.jobs import TrainingJob
+from focus.pipeline.methods import lora_name, method_variant, parse_lora_name
+from focus.pipeline.stages import evaluate_benchmarks, load_method, train_lora
+from focus.report.claims import CLAIMS, FAILS, HOLDS, UNTESTED, judge_claims
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -96,8 +96,9 @@ def test_lora_stage_writes_a_peft_adapter_that_reloads(tmp_path):
     save_file({"train": torch.randint(3, 4000, (16 * 64,), generator=generator, dtype=torch.int32),
                "validation": torch.randint(3, 4000, (4 * 64,), generator=generator, dtype=torch.int32)}, str(tokens))
     train = {"steps": 3, "batch_size": 2, "lr": 1e-2, "log_every": 1, "checkpoint_every": 0}
-    summary = train_lora("tiny:llama", "float32", 4, 8.0, ["q_proj", "v_proj"], 0.0, train, tokens, 64, 2, 2,
-                         tmp_path / "adapter", tmp_path / "metrics.jsonl", tmp_path / "summary.json", progress=False)
+    job = TrainingJob(tokens, 64, train, tmp_path / "metrics.jsonl", tmp_path / "summary.json", calibration_rows=2,
+                      eval_rows=2, progress=False)
+    summary = train_lora("tiny:llama", "float32", 4, 8.0, ["q_proj", "v_proj"], 0.0, job, tmp_path / "adapter")
     config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     assert config["r"] == 4 and config["lora_alpha"] == 8 and sorted(config["target_modules"]) == ["q_proj", "v_proj"]
     assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()
@@ -237,7 +238,7 @@ def test_zero_degradation_is_judged_on_ruler_long_prompts_too():
 def test_hub_only_tasks_are_skipped_at_once_when_the_hub_does_not_answer(monkeypatch):
     from huggingface_hub import constants
 
-    from focus.harness import hub_unavailable
+    from focus.eval.harness import hub_unavailable
 
     for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
         monkeypatch.delenv(name, raising=False)

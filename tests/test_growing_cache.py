@@ -2,10 +2,10 @@
 
 import pytest
 import torch
+from test_training import tiny_llama
 from transformers import DynamicCache
 
-from focus.growing_cache import GrowingCache, GrowingLayer
-from test_training import tiny_llama
+from focus.attention.growing_cache import GrowingCache, GrowingLayer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

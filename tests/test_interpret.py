@@ -1,4 +1,4 @@
-"""Group interpretability (focus.interpret): the routing hook against an independent oracle, the invariants of the
+"""Group interpretability (focus.eval.interpret): the routing hook against an independent oracle, the invariants of the
 tables on a tiny model with real Focus routing, token categories, NMI, the whole stage, and rule interpret in a
 Snakemake dry run."""
 
@@ -18,25 +18,23 @@ import torch
 import yaml
 
 from focus import FocusConfig, apply_focus, save_focus, set_focus_mode
+from focus.attention.routing import inference_log_assign, routing_logits
 from focus.config import ConfigError
-from focus.interpret import (
-    CATEGORY_NAMES,
+from focus.eval.categories import CATEGORY_NAMES, categorise, token_texts
+from focus.eval.interpret import (
     ROUTINGS,
     InterpretConfig,
     analyse,
-    categorise,
     held_out_rows,
-    interpret_adapter,
     normalised_mutual_information,
     route_rows,
     shuffled_nmi,
-    token_texts,
     trace_routing,
 )
 from focus.models import tiny_model
-from focus.profile import resolve_profile
+from focus.pipeline.interpret import interpret_adapter
+from focus.pipeline.profile import resolve_profile
 from focus.retrofit import attention_modules
-from focus.routing import inference_log_assign, routing_logits
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = yaml.safe_load((ROOT / "workflow" / "schemas" / "config.schema.yaml").read_text())
@@ -202,7 +200,7 @@ def test_interpret_section_is_validated():
 
 
 def test_wandb_keys_stay_unique_across_models(tmp_path):
-    from focus.tracking import _keyed
+    from focus.report.tracking import _keyed
 
     paths = [str(tmp_path / "figures" / "loss_curves.png")] + [
         str(tmp_path / "interpret" / model / "focus" / "group_balance.png") for model in ("a", "b")]

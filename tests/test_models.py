@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from focus import FocusConfig, apply_focus, models
+from focus.files import write_folder_atomically
 from focus.models import (
     PACKAGED_SMOLLM2,
     SPREAD,
@@ -16,7 +17,6 @@ from focus.models import (
     tiny_config,
     tiny_model,
 )
-from focus.files import write_folder_atomically
 
 PAD = 0
 

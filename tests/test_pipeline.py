@@ -16,9 +16,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from helpers import wandb_file
 
-from focus import wandb_file
-from focus.claims import CLAIMS
+from focus.report.claims import CLAIMS
 
 ROOT = Path(__file__).resolve().parent.parent
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile")]

@@ -7,7 +7,8 @@ import pytest
 import yaml
 
 from focus.config import ConfigError
-from focus.profile import method_variant, resolve_profile
+from focus.pipeline.methods import method_variant
+from focus.pipeline.profile import resolve_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = yaml.safe_load((ROOT / "workflow" / "schemas" / "config.schema.yaml").read_text())

@@ -6,16 +6,18 @@ import math
 import pytest
 import torch
 from safetensors.torch import save_file
+from test_reference import padded_causal_mask
+from test_training import tiny_llama
 
 from focus import FocusConfig, apply_focus, load_focus, set_focus_mode
 from focus.adapter import read_adapter_config
-from focus.experiments import train_focus
+from focus.attention.recall import recall_loss
+from focus.attention.reference import sink_keys
 from focus.models import load_model
-from focus.recall import recall_loss
-from focus.reference import sink_keys
-from focus.training import METRICS_NAME, TrainConfig, evaluate_loss, train_centroids
-from test_reference import padded_causal_mask
-from test_training import tiny_llama
+from focus.pipeline.jobs import TrainingJob
+from focus.pipeline.stages import train_focus
+from focus.train.config import TrainConfig
+from focus.train.loop import METRICS_NAME, evaluate_loss, train_parameters
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -72,7 +74,7 @@ def test_training_for_recall_keeps_the_model_output_and_raises_recall(tmp_path):
     apply_focus(model, FocusConfig(num_groups=4, window=8, top_k=1, objective="attention_recall"), calibration_ids=data)
     centroids = [p.detach().clone() for p in model.parameters() if p.requires_grad]
     config = TrainConfig(steps=20, batch_size=4, lr=5e-2, log_every=1, checkpoint_every=0)
-    train_centroids(model, data, config, tmp_path, progress=False)
+    train_parameters(model, data, config, tmp_path, progress=False)
 
     lines = [json.loads(line) for line in (tmp_path / METRICS_NAME).read_text().splitlines()]
     assert lines[-1]["train/recall_loss"] < lines[0]["train/recall_loss"]
@@ -89,8 +91,9 @@ def test_the_training_stage_scores_hard_trained_centroids_in_hard_mode_and_saves
     tokens = tmp_path / "tokens.safetensors"
     save_file({"train": ids[: 8 * 32], "validation": ids[8 * 32 :]}, str(tokens))
     focus = {"num_groups": 4, "window": 8, "top_k": 1, "objective": objective}
-    summary = train_focus("tiny:llama", "float32", focus, {"steps": 2, "batch_size": 2, "log_every": 1}, tokens, 32, 2,
-                          2, tmp_path / "adapter", tmp_path / "metrics.jsonl", tmp_path / "summary.json", progress=False)
+    job = TrainingJob(tokens, 32, {"steps": 2, "batch_size": 2, "log_every": 1}, tmp_path / "metrics.jsonl",
+                      tmp_path / "summary.json", calibration_rows=2, eval_rows=2, progress=False)
+    summary = train_focus("tiny:llama", "float32", focus, job, tmp_path / "adapter")
     assert summary["eval_mode"] == "hard"
     assert math.isfinite(summary["final"].get("train/recall_loss", math.nan)) == (objective == "attention_recall")
     saved = read_adapter_config(tmp_path / "adapter")["focus_config"]

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from focus.reference import dense_attention, hard_allowed, local_pairs, sink_keys, soft_bias
+from focus.attention.reference import dense_attention, hard_allowed, local_pairs, sink_keys, soft_bias
 
 
 def padded_causal_mask(batch, length, pads):

@@ -19,9 +19,9 @@ from focus import (
     save_focus,
     set_focus_mode,
 )
+from focus.attention.routing import undo_rotary
 from focus.models import TINY_FAMILIES, tiny_model
 from focus.retrofit import attention_modules
-from focus.routing import undo_rotary
 
 LENGTH = 24
 

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from focus.routing import (
+from focus.attention.routing import (
     group_membership,
     inference_log_assign,
     routing_logits,

@@ -3,7 +3,7 @@
 import pytest
 
 from focus import FocusConfig, apply_focus, remove_focus, set_focus_mode
-from focus.ruler import run_ruler
+from focus.eval.ruler import run_ruler
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore:apply_focus. no calibration_ids")]

@@ -1,4 +1,4 @@
-"""From-scratch comparison (focus.scratch): real short runs of both methods on tiny shapes (artifacts, identical
+"""From-scratch comparison (focus.pipeline.scratch): real short runs of both methods on tiny shapes (artifacts, identical
 initial weights and batches, Focus really sparsifying, resume after a crash), the summary, the profile section, and a
 dry run of configs/scratch.yaml."""
 
@@ -18,8 +18,11 @@ from safetensors.torch import save_file
 
 from focus import FocusConfig, apply_focus
 from focus.config import ConfigError
-from focus.profile import resolve_profile
-from focus.scratch import ScratchModel, build_model, summarize_scratch, train_from_scratch, unigram_loss
+from focus.pipeline.jobs import TrainingJob
+from focus.pipeline.profile import resolve_profile
+from focus.pipeline.scratch import train_from_scratch
+from focus.report.scratch import summarize_scratch
+from focus.train.scratch import ScratchModel, build_model, unigram_loss
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = yaml.safe_load((ROOT / "workflow" / "schemas" / "config.schema.yaml").read_text())
@@ -44,24 +47,23 @@ def tokens(tmp_path_factory):
 
 
 def run(method, folder: Path, tokens, seed=0, **changes):
-    return train_from_scratch(
-        method=method, seed=seed, model=SHAPE, focus=FOCUS, train={**TRAIN, **changes}, tokens=tokens,
-        tokenizer="smollm2-135m-instruct", domain="books", seq_len=SEQ, calibration_rows=2, train_rows=20, eval_rows=4,
-        metrics=folder / "metrics.jsonl", summary=folder / "summary.json", progress=False,
-    )
+    job = TrainingJob(tokens, SEQ, {**TRAIN, **changes}, folder / "metrics.jsonl", folder / "summary.json",
+                      calibration_rows=2, train_rows=20, eval_rows=4, progress=False)
+    return train_from_scratch(method=method, seed=seed, model=SHAPE, focus=FOCUS, job=job,
+                              tokenizer="smollm2-135m-instruct", domain="books")
 
 
 def recorded_batches(monkeypatch) -> list[torch.Tensor]:
-    """Every training batch `train_centroids` steps on, recorded from here on."""
-    import focus.training
+    """Every training batch `train_parameters` steps on, recorded from here on."""
+    import focus.train.loop
 
-    batches, step = [], focus.training._optimizer_step
+    batches, step = [], focus.train.loop._optimizer_step
 
     def record(model, batch, *args):
         batches.append(batch.clone())
         return step(model, batch, *args)
 
-    monkeypatch.setattr(focus.training, "_optimizer_step", record)
+    monkeypatch.setattr(focus.train.loop, "_optimizer_step", record)
     return batches
 
 
@@ -145,10 +147,10 @@ def test_both_methods_see_identical_batches_and_write_their_records(tokens, tmp_
 
 
 def test_a_crashed_run_resumes_to_the_same_result(tokens, tmp_path, monkeypatch, one_thread):
-    import focus.training
+    import focus.train.loop
 
     whole = run("focus", tmp_path / "whole", tokens, seed=1)
-    step, calls = focus.training._optimizer_step, []
+    step, calls = focus.train.loop._optimizer_step, []
 
     def crash_at_step_five(*args):
         calls.append(1)
@@ -156,11 +158,11 @@ def test_a_crashed_run_resumes_to_the_same_result(tokens, tmp_path, monkeypatch,
             raise KeyboardInterrupt
         return step(*args)
 
-    monkeypatch.setattr(focus.training, "_optimizer_step", crash_at_step_five)
+    monkeypatch.setattr(focus.train.loop, "_optimizer_step", crash_at_step_five)
     with pytest.raises(KeyboardInterrupt):
         run("focus", tmp_path / "resumed", tokens, seed=1)
     assert (tmp_path / "resumed" / "run" / "checkpoint.pt").exists()
-    monkeypatch.setattr(focus.training, "_optimizer_step", step)
+    monkeypatch.setattr(focus.train.loop, "_optimizer_step", step)
     resumed = run("focus", tmp_path / "resumed", tokens, seed=1)
     assert resumed["resumed"] and not whole["resumed"]
     assert resumed["validation"] == whole["validation"]

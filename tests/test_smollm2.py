@@ -5,7 +5,8 @@ import torch
 
 from focus import FocusConfig, apply_focus, remove_focus, set_focus_mode
 from focus.data import chunk_tokens, load_corpus, tokenize_corpus
-from focus.training import TrainConfig, evaluate_loss, train_centroids
+from focus.train.config import TrainConfig
+from focus.train.loop import evaluate_loss, train_parameters
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +24,7 @@ def test_a_few_centroid_steps_lower_held_out_loss_and_leave_the_model_frozen(smo
             before[mode] = evaluate_loss(model, held_out)
         set_focus_mode(model, "soft")
         config = TrainConfig(steps=8, batch_size=2, lr=1e-2, schedule="constant", log_every=4, checkpoint_every=0)
-        train_centroids(model, train[8:], config, tmp_path, progress=False)
+        train_parameters(model, train[8:], config, tmp_path, progress=False)
         after = {}
         for mode in ("soft", "hard"):
             set_focus_mode(model, mode)

@@ -18,7 +18,9 @@ import transformers
 
 from focus import apply_focus
 from focus.config import ConfigError, FocusConfig
-from focus.training import CheckpointError, TrainConfig, evaluate_loss, train_centroids
+from focus.train.checkpoint import CheckpointError
+from focus.train.config import TrainConfig
+from focus.train.loop import evaluate_loss, train_parameters
 
 TESTS_DIR = Path(__file__).resolve().parent
 # Checkpoints at 4 and 8 fall inside logging windows (3, 6, 9), so the window sums must be restored too.
@@ -87,7 +89,7 @@ def without_timing(records: list[dict]) -> list[dict]:
 def run_uninterrupted(out: Path) -> tuple[dict, torch.nn.Module]:
     model = resume_model()
     data = pattern_data()
-    final = train_centroids(model, data, RESUME_CONFIG, out, eval_data=data[:5], progress=False)
+    final = train_parameters(model, data, RESUME_CONFIG, out, eval_data=data[:5], progress=False)
     return final, model
 
 
@@ -103,7 +105,7 @@ def test_only_trainable_parameters_change_and_network_stays_in_eval_mode(tmp_pat
     model.register_forward_hook(lambda module, args, output: modes.append(module.training))
     model.train()  # the loop must switch the frozen network to eval mode (no dropout) itself
 
-    train_centroids(model, pattern_data(), TrainConfig(steps=5, batch_size=4, lr=1e-2), tmp_path, progress=False)
+    train_parameters(model, pattern_data(), TrainConfig(steps=5, batch_size=4, lr=1e-2), tmp_path, progress=False)
 
     assert modes and not any(modes) and not model.training
     for name, p in model.named_parameters():
@@ -120,7 +122,7 @@ def test_loss_decreases_on_repeating_patterns(tmp_path):
     initial_eval = evaluate_loss(model, held_out, batch_size=8)
     config = TrainConfig(steps=40, batch_size=8, lr=3e-2, schedule="constant", log_every=5, checkpoint_every=0)
 
-    final = train_centroids(model, data, config, tmp_path, eval_data=held_out, progress=False)
+    final = train_parameters(model, data, config, tmp_path, eval_data=held_out, progress=False)
 
     records = read_metrics(tmp_path)
     assert [r["step"] for r in records] == list(range(5, 41, 5))
@@ -135,14 +137,14 @@ import sys, time, torch
 sys.path.insert(0, {tests_dir!r})
 torch.set_num_threads({threads})  # same reductions as the parent, or floats could differ
 import test_training as t
-from focus.training import train_centroids
+from focus.train import train_parameters
 
 def hang_at_step(record):
     if record["step"] >= {hang_at}:
         time.sleep(300)  # the parent SIGKILLs us here
 
 data = t.pattern_data()
-train_centroids(t.resume_model(), data, t.RESUME_CONFIG, {out!r}, eval_data=data[:5],
+train_parameters(t.resume_model(), data, t.RESUME_CONFIG, {out!r}, eval_data=data[:5],
                 progress=False, on_log=hang_at_step)
 """
 
@@ -174,7 +176,7 @@ def test_sigkilled_run_resumes_to_identical_parameters(tmp_path):
 
     model = resume_model()
     data = pattern_data()
-    final = train_centroids(model, data, RESUME_CONFIG, out, eval_data=data[:5], progress=False)
+    final = train_parameters(model, data, RESUME_CONFIG, out, eval_data=data[:5], progress=False)
 
     expected = training_state(expected_model)
     resumed = training_state(model)
@@ -215,15 +217,15 @@ def test_crash_then_resume_then_finished_run_is_a_noop(tmp_path):
             raise KeyboardInterrupt  # what Ctrl-C mid-run looks like to the loop
 
     with pytest.raises(KeyboardInterrupt):
-        train_centroids(resume_model(), data, RESUME_CONFIG, out, eval_data=data[:5], progress=False, on_log=crash)
+        train_parameters(resume_model(), data, RESUME_CONFIG, out, eval_data=data[:5], progress=False, on_log=crash)
     assert torch.load(out / "checkpoint.pt", weights_only=True)["step"] == 8
 
-    final = train_centroids(resume_model(), data, RESUME_CONFIG, out, eval_data=data[:5], progress=False)
+    final = train_parameters(resume_model(), data, RESUME_CONFIG, out, eval_data=data[:5], progress=False)
     log = (out / "metrics.jsonl").read_text()
 
     # Re-running the finished run trains nothing, loads the final parameters and returns its metrics.
     model = resume_model()
-    assert train_centroids(model, data, RESUME_CONFIG, out, eval_data=data[:5], progress=False) == final
+    assert train_parameters(model, data, RESUME_CONFIG, out, eval_data=data[:5], progress=False) == final
     assert (out / "metrics.jsonl").read_text() == log
     for name, value in training_state(expected_model).items():
         assert torch.equal(training_state(model)[name], value), name
@@ -239,18 +241,18 @@ def test_resume_restores_the_global_rngs(tmp_path):
     data = pattern_data()
     config = TrainConfig(steps=6, batch_size=4, log_every=1, checkpoint_every=2, balance_weight=0.1)
     expected = with_trainable_head(tiny_llama())
-    train_centroids(expected, data, config, tmp_path / "a", aux_loss=noisy_aux, progress=False)
+    train_parameters(expected, data, config, tmp_path / "a", aux_loss=noisy_aux, progress=False)
 
     def crash(record):
         if record["step"] == 5:
             raise RuntimeError("simulated crash")
 
     with pytest.raises(RuntimeError, match="simulated crash"):
-        train_centroids(with_trainable_head(tiny_llama()), data, config, tmp_path / "b",
+        train_parameters(with_trainable_head(tiny_llama()), data, config, tmp_path / "b",
                         aux_loss=noisy_aux, progress=False, on_log=crash)
     random.seed(123)  # whatever the caller did in between must not matter
     resumed = with_trainable_head(tiny_llama())
-    train_centroids(resumed, data, config, tmp_path / "b", aux_loss=noisy_aux, progress=False)
+    train_parameters(resumed, data, config, tmp_path / "b", aux_loss=noisy_aux, progress=False)
     for name, value in training_state(expected).items():
         assert torch.equal(training_state(resumed)[name], value), name
 
@@ -258,29 +260,29 @@ def test_resume_restores_the_global_rngs(tmp_path):
 def test_mismatched_checkpoint_is_refused_and_changes_nothing(tmp_path):
     data = pattern_data()
     config = TrainConfig(steps=2, batch_size=4, checkpoint_every=1)
-    train_centroids(with_trainable_head(tiny_llama()), data, config, tmp_path, progress=False)
+    train_parameters(with_trainable_head(tiny_llama()), data, config, tmp_path, progress=False)
     files = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
 
     other = tiny_llama()
     other.requires_grad_(False)
     other.model.norm.weight.requires_grad_(True)
     with pytest.raises(CheckpointError, match=r"missing \(first 'lm_head.weight'\)|unexpected \(first 'lm_head"):
-        train_centroids(other, data, config, tmp_path, progress=False)
+        train_parameters(other, data, config, tmp_path, progress=False)
     wider = transformers.LlamaForCausalLM(transformers.LlamaConfig(
         hidden_size=48, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, vocab_size=128))
     with pytest.raises(CheckpointError, match=r"'model.norm.weight' is torch.float32 \(32,\) in the checkpoint"):
-        train_centroids(with_trainable_head(wider), data, config, tmp_path, progress=False)
+        train_parameters(with_trainable_head(wider), data, config, tmp_path, progress=False)
     with pytest.raises(CheckpointError, match=r"TrainConfig.lr=0.001, this run has 0.002"):
         faster = TrainConfig(steps=2, batch_size=4, checkpoint_every=1, lr=2e-3)
-        train_centroids(with_trainable_head(tiny_llama()), data, faster, tmp_path, progress=False)
+        train_parameters(with_trainable_head(tiny_llama()), data, faster, tmp_path, progress=False)
     with pytest.raises(CheckpointError, match="different training data"):
-        train_centroids(with_trainable_head(tiny_llama()), data.flip(0), config, tmp_path, progress=False)
+        train_parameters(with_trainable_head(tiny_llama()), data.flip(0), config, tmp_path, progress=False)
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == files
 
     (tmp_path / "checkpoint.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(CheckpointError, match="cannot read .*checkpoint.pt"):
-        train_centroids(with_trainable_head(tiny_llama()), data, config, tmp_path, progress=False)
+        train_parameters(with_trainable_head(tiny_llama()), data, config, tmp_path, progress=False)
 
 
 def test_epochs_visit_a_fresh_permutation_of_full_batches(tmp_path):
@@ -289,7 +291,7 @@ def test_epochs_visit_a_fresh_permutation_of_full_batches(tmp_path):
     seen = []
     model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(kwargs["input_ids"][:, 0].tolist()),
                                     with_kwargs=True)
-    train_centroids(model, data, TrainConfig(steps=6, batch_size=3, checkpoint_every=0), tmp_path, progress=False)
+    train_parameters(model, data, TrainConfig(steps=6, batch_size=3, checkpoint_every=0), tmp_path, progress=False)
 
     epochs = [sum(seen[i : i + 2], []) for i in range(0, 6, 2)]  # 7 // 3 = 2 full batches per epoch
     assert all(len(set(rows)) == 6 for rows in epochs)
@@ -303,29 +305,29 @@ def test_aux_loss_is_logged_and_weighted(tmp_path):
     for weight in (0.0, 1.0):
         model = with_trainable_head(tiny_llama())
         config = TrainConfig(steps=3, batch_size=4, balance_weight=weight, log_every=1)
-        final = train_centroids(model, data, config, tmp_path / str(weight), aux_loss=aux, progress=False)
+        final = train_parameters(model, data, config, tmp_path / str(weight), aux_loss=aux, progress=False)
         assert final["train/aux_loss"] > 0
         trained[weight] = model.model.norm.weight.detach().clone()
     assert trained[1.0].pow(2).sum() < trained[0.0].pow(2).sum()  # the penalty pulled the weights down
     with pytest.raises(ValueError, match="balance_weight=0.5 needs an aux_loss"):
-        train_centroids(with_trainable_head(tiny_llama()), data, TrainConfig(balance_weight=0.5), tmp_path / "x")
+        train_parameters(with_trainable_head(tiny_llama()), data, TrainConfig(balance_weight=0.5), tmp_path / "x")
     assert not (tmp_path / "x").exists()
 
 
 def test_no_trainable_parameters_or_bad_data_is_one_clear_error(tmp_path):
     model = tiny_llama().requires_grad_(False)
     with pytest.raises(ValueError, match="no parameters with requires_grad=True"):
-        train_centroids(model, pattern_data(), TrainConfig(), tmp_path / "out")
+        train_parameters(model, pattern_data(), TrainConfig(), tmp_path / "out")
     model = with_trainable_head(tiny_llama())
     with pytest.raises(ValueError, match="data must be an integer tensor of shape"):
-        train_centroids(model, pattern_data().float(), TrainConfig(), tmp_path / "out")
+        train_parameters(model, pattern_data().float(), TrainConfig(), tmp_path / "out")
     with pytest.raises(ValueError, match="5 sequences, fewer than one batch of 8"):
-        train_centroids(model, pattern_data(rows=5), TrainConfig(batch_size=8), tmp_path / "out")
+        train_parameters(model, pattern_data(rows=5), TrainConfig(batch_size=8), tmp_path / "out")
     with pytest.raises(ValueError, match=r"outside the model's vocabulary \[0, 128\)"):
-        train_centroids(model, pattern_data() + 120, TrainConfig(), tmp_path / "out")
+        train_parameters(model, pattern_data() + 120, TrainConfig(), tmp_path / "out")
     positions = model.config.max_position_embeddings
     with pytest.raises(ValueError, match=f"a context of {positions + 1} tokens exceeds llama's {positions} positions"):
-        train_centroids(model, torch.zeros(8, positions + 1, dtype=torch.long), TrainConfig(), tmp_path / "out")
+        train_parameters(model, torch.zeros(8, positions + 1, dtype=torch.long), TrainConfig(), tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 

@@ -1,11 +1,11 @@
-"""focus.wandb_file reads back what a real offline wandb run wrote."""
+"""tests/helpers/wandb_file.py reads back what a real offline wandb run wrote."""
 
 import pytest
 
 wandb = pytest.importorskip("wandb")
 matplotlib = pytest.importorskip("matplotlib")
 
-from focus.wandb_file import history, iter_records, logged_media, run_config, run_summary  # noqa: E402
+from helpers.wandb_file import history, iter_records, logged_media, run_config, run_summary  # noqa: E402
 
 LOSSES = [3.0, 2.5, 2.25]
 LONG = "x" * 70_000  # a config value that spreads the run record over three 32 KiB blocks

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from focus import FocusConfig, apply_focus
 from focus.distributed import full_state, shard_model
 from focus.models import tiny_model
-from focus.training import next_token_loss
+from focus.train.loop import next_token_loss
 
 STEPS, ROWS, LENGTH = 4, 4, 32
 

@@ -6,7 +6,8 @@ from pathlib import Path
 import yaml
 
 from focus.config import ConfigError
-from focus.profile import FULL_FINETUNE, method_variant, resolve_profile
+from focus.pipeline.methods import FULL_FINETUNE, method_variant
+from focus.pipeline.profile import resolve_profile
 
 
 with open(workflow.source_path("../schemas/config.schema.yaml")) as schema_file:
@@ -147,7 +148,7 @@ def interpret_report(name, caption):
                   category="Interpretability", subcategory="{model} {variant}")
 
 
-INTERPRET = P.get("interpret")  # resolved: models, then focus.interpret.InterpretConfig fields
+INTERPRET = P.get("interpret")  # resolved: models, then focus.eval.interpret.InterpretConfig fields
 for _model in (INTERPRET or {}).get("models", []):
     for _variant in VARIANTS:
         _folder = interpret_folder(_model, _variant)
@@ -248,6 +249,11 @@ def domain_splits(wildcards):
 
 def variant_focus(wildcards):
     return P["models"][wildcards.model]["variants"][wildcards.variant]
+
+
+def training_rows(section):
+    """A training section's row settings, as focus.pipeline.jobs.TrainingJob takes them (it holds the defaults)."""
+    return {key: section[key] for key in ("seq_len", "calibration_rows", "train_rows", "eval_rows") if key in section}
 
 
 def centroid_training(wildcards):

@@ -42,10 +42,7 @@ rule train_scratch:
         train=SCRATCH.get("train"),
         tokenizer=SCRATCH.get("tokenizer"),
         domain=SCRATCH.get("domain"),
-        seq_len=SCRATCH.get("seq_len"),
-        calibration_rows=SCRATCH.get("calibration_rows"),
-        train_rows=SCRATCH.get("train_rows"),
-        eval_rows=SCRATCH.get("eval_rows"),
+        rows=training_rows(SCRATCH),
         wandb=WANDB,
         group=P["name"],
     # One thread per job: on 2 shared CPU cores two 1-thread jobs side by side were several times faster than one

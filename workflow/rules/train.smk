@@ -19,9 +19,7 @@ rule train_focus:
         dtype=model_dtype,
         focus=variant_focus,
         train=centroid_training,
-        seq_len=TRAIN["seq_len"],
-        calibration_rows=TRAIN.get("calibration_rows", 8),
-        eval_rows=TRAIN.get("eval_rows", 0),
+        rows=training_rows(TRAIN),  # seq_len and row counts: focus.pipeline.jobs.TrainingJob
         wandb=WANDB,
         group=P["name"],
     threads: 2
@@ -48,9 +46,7 @@ rule train_full_finetune:
         source=model_source,
         dtype=model_dtype,
         train=full_finetune_training,
-        seq_len=TRAIN["seq_len"],
-        calibration_rows=TRAIN.get("calibration_rows", 8),
-        eval_rows=TRAIN.get("eval_rows", 0),
+        rows=training_rows(TRAIN),  # seq_len and row counts: focus.pipeline.jobs.TrainingJob
         wandb=WANDB,
         group=P["name"],
     threads: 2
@@ -80,9 +76,7 @@ rule train_lora:
         target_modules=LORA.get("target_modules"),
         dropout=LORA.get("dropout"),
         train=lora_training,
-        seq_len=TRAIN["seq_len"],
-        calibration_rows=TRAIN.get("calibration_rows", 8),
-        eval_rows=TRAIN.get("eval_rows", 0),
+        rows=training_rows(TRAIN),  # seq_len and row counts: focus.pipeline.jobs.TrainingJob
         wandb=WANDB,
         group=P["name"],
     threads: 2

@@ -1,6 +1,7 @@
 """Rule benchmarks: lm-eval on one (model, method)."""
 
-from focus.experiments import evaluate_benchmarks, start_job
+from focus.pipeline.jobs import start_job
+from focus.pipeline.stages import evaluate_benchmarks
 
 start_job(snakemake.log[0], snakemake.threads)
 evaluate_benchmarks(

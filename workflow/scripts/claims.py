@@ -1,7 +1,7 @@
 """Rule claims: the paper's claims against this profile's results."""
 
-from focus.claims import write_claims
-from focus.experiments import start_job
+from focus.pipeline.jobs import start_job
+from focus.report.claims import write_claims
 
 start_job(snakemake.log[0], 1)
 inputs = dict(snakemake.input.items())

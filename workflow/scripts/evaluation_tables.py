@@ -1,7 +1,7 @@
 """Rule evaluation_tables: benchmark, TruthfulQA, prompt-length, LoRA, long-context and RULER tables and figures."""
 
-from focus.eval_report import write_evaluation_tables
-from focus.experiments import start_job
+from focus.pipeline.jobs import start_job
+from focus.report.evaluation import write_evaluation_tables
 
 start_job(snakemake.log[0], 1)
 write_evaluation_tables(

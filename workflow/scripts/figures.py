@@ -1,7 +1,7 @@
 """Rule figures: loss curves and perplexity bars (PNG + SVG)."""
 
-from focus.experiments import start_job
-from focus.report import plot_figures
+from focus.pipeline.jobs import start_job
+from focus.report.figures import plot_figures
 
 start_job(snakemake.log[0], snakemake.threads)
 plot_figures(

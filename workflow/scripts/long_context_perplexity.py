@@ -1,6 +1,7 @@
 """Rule long_context_perplexity: one (model, method, context length)."""
 
-from focus.experiments import evaluate_perplexity, start_job
+from focus.pipeline.jobs import start_job
+from focus.pipeline.stages import evaluate_perplexity
 
 start_job(snakemake.log[0], snakemake.threads)
 evaluate_perplexity(

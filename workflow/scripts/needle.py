@@ -1,6 +1,7 @@
 """Rule needle: pass-key retrieval of one (model, method)."""
 
-from focus.experiments import evaluate_needle, start_job
+from focus.pipeline.jobs import start_job
+from focus.pipeline.stages import evaluate_needle
 
 start_job(snakemake.log[0], snakemake.threads)
 evaluate_needle(

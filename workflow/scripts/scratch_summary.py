@@ -1,7 +1,7 @@
 """Rule scratch_summary: full attention against Focus trained from scratch (table, figure, summary JSON)."""
 
-from focus.experiments import start_job
-from focus.scratch import summarize_scratch
+from focus.pipeline.jobs import start_job
+from focus.report.scratch import summarize_scratch
 
 start_job(snakemake.log[0], snakemake.threads)
 summarize_scratch(

@@ -1,7 +1,7 @@
 """Rule study: the design study's table and figure."""
 
-from focus.experiments import start_job
-from focus.study import write_study
+from focus.pipeline.jobs import start_job
+from focus.report.study import write_study
 
 start_job(snakemake.log[0], snakemake.threads)
 write_study(

@@ -1,7 +1,7 @@
 """Rule tables: perplexity and training tables (CSV + Markdown)."""
 
-from focus.experiments import start_job
-from focus.report import write_tables
+from focus.pipeline.jobs import start_job
+from focus.report.tables import write_tables
 
 start_job(snakemake.log[0], snakemake.threads)
 write_tables(

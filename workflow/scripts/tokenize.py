@@ -1,6 +1,7 @@
 """Rule tokenize: one corpus, tokenised for one model."""
 
-from focus.experiments import prepare_tokens, start_job
+from focus.pipeline.jobs import start_job
+from focus.pipeline.stages import prepare_tokens
 
 start_job(snakemake.log[0], snakemake.threads)
 prepare_tokens(

@@ -1,0 +1,376 @@
+"""Sparse decoding: a group index beside the KV cache, so a decoding step reads its window, its sinks and the
+keys of its own groups, not the whole cache.
+
+Under causal routing a key's groups depend on that key alone, so they are computed once, when the key enters
+the cache, and never change. `FocusCache` (a `DynamicCache`) keeps, per Focus layer, a `GroupIndex`: each cached
+key's groups and, per (batch row, key/value head, group), the positions of its keys. Its `update` hands the
+layer's index to the layer's attention call that follows (transformers calls `past_key_values.update` just
+before attention), which indexes the keys that just arrived and, for a one-token step in hard mode, attends
+through `sparse_decode_attention`. Everything else (prompt chunks, soft mode) takes the dense masked path,
+with the index's groups: one assignment per token for the whole generation.
+
+    cache = FocusCache(model)
+    model.generate(**inputs, past_key_values=cache, max_new_tokens=200)
+
+The pattern is the dense reference's (`focus.attention.reference.hard_allowed`): a step keeps key j when it is local
+(i - j < window), a sink, or in one of the query's groups; the tests hold the two equal.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from focus.attention.growing_cache import GrowingCache
+from focus.attention.routing import group_membership, inference_log_assign, routing_logits, top_k_groups
+
+CACHE_INDEX_ATTRIBUTE = "focus_cache_index"
+"""A `GroupIndex` set under this name on a Focus attention module by `FocusCache.update`, taken by the next call."""
+
+
+PAGE = 64
+"""Positions per page of a group's member list. Each list grows a page at a time from a pool that every list of
+the layer shares, so the index costs its entries plus under a page per list, however unbalanced the groups: lists
+sized by the largest group cost up to 3x their entries with SmolLM2's k-means groups (index 5.5-6.1% of the
+cache at top-2 where balanced groups need 2%; paged, 2.35%). A step reads a list through its page table: one more
+gather."""
+
+
+class GroupIndex:
+    """One layer's cached keys by group, per (batch row, key/value head).
+
+    key_groups: (B, K, capacity, top_k) int8 (int16 beyond 127 groups), each indexed key's groups (-1 for padding).
+    counts: (B, K, G) how many keys each group lists. Padding keys are in no group.
+    pages: (N, PAGE) int32, a pool of pages of key positions (-1 where unfilled); page 0 is always empty.
+    page_table: (B, K, G, capacity) int32, the pages of each group's list in order (0 past its last page); the
+        list of positions in cache order is `pages[page_table[b, k, g]].flatten()[:counts[b, k, g]]`.
+    sinks: (B, S) int64, the positions of the first S real keys of each row (-1 until seen).
+    Buffers grow by an eighth of their size when full: appending a token costs O(1) amortised. The index costs
+    about 1% (top-1) and 2% (top-2) of a float32 cache at head size 64 with balanced groups; on SmolLM2 after a
+    4K prompt, with k-means groups of the prompt (unbalanced), 1.32% and 2.35% (`FocusCache.index_nbytes`).
+    """
+
+    def __init__(
+        self, batch: int, k_heads: int, num_groups: int, top_k: int, sink_tokens: int, device,
+        scratch: ScratchRows | None = None,
+    ):
+        self.num_groups, self.top_k, self.length = num_groups, top_k, 0
+        self.scratch = scratch or ScratchRows()  # where a step gathers its distant keys (one per cache, shared)
+        group_dtype = torch.int8 if num_groups <= 127 else torch.int16  # a byte per group id where it fits
+        self.key_groups = torch.full((batch, k_heads, 0, top_k), -1, dtype=group_dtype, device=device)
+        self.counts = torch.zeros(batch, k_heads, num_groups, dtype=torch.int64, device=device)
+        self.pages = torch.full((1, PAGE), -1, dtype=torch.int32, device=device)
+        self.used_pages = 1
+        self.page_table = torch.zeros(batch, k_heads, num_groups, 0, dtype=torch.int32, device=device)
+        self.sinks = torch.full((batch, sink_tokens), -1, dtype=torch.int64, device=device)
+        self._real = torch.zeros(batch, dtype=torch.int64, device=device)  # real keys seen per row
+        self._query_head_rows: torch.Tensor | None = None
+
+    def extend(self, groups: torch.Tensor, valid: torch.Tensor | None) -> None:
+        """Index the next keys: `groups` (B, K, n, top_k) their group ids, `valid` (B, n) False for padding."""
+        b, k_heads, n, _ = groups.shape
+        start = self.length
+        valid = torch.ones(b, n, dtype=torch.bool, device=groups.device) if valid is None else valid
+        self.key_groups = _reserve(self.key_groups, 2, start + n)
+        groups_or_padding = groups.masked_fill(~valid[:, None, :, None], -1)
+        self.key_groups[:, :, start : start + n] = groups_or_padding.to(self.key_groups.dtype)
+
+        member = group_membership(groups, self.num_groups) & valid[:, None, :, None]  # (B, K, n, G)
+        slots = self.counts[:, :, None, :] + member.long().cumsum(dim=2) - 1  # (B, K, n, G) where each one lands
+        before, self.counts = self.counts, self.counts + member.sum(dim=2)
+        self._add_pages(_pages_for(before), _pages_for(self.counts))
+        bi, ki, ni, gi = member.nonzero(as_tuple=True)
+        slot = slots[bi, ki, ni, gi]
+        self.pages[self.page_table[bi, ki, gi, slot // PAGE].long(), slot % PAGE] = (start + ni).to(torch.int32)
+
+        order = self._real[:, None] + valid.long().cumsum(dim=1)  # (B, n): 1-based rank among the row's real keys
+        is_sink = valid & (order <= self.sinks.shape[1])
+        rows, cols = is_sink.nonzero(as_tuple=True)
+        self.sinks[rows, order[rows, cols] - 1] = start + cols
+        self._real += valid.sum(dim=1)
+        self.length = start + n
+
+    def _add_pages(self, have: torch.Tensor, need: torch.Tensor) -> None:
+        """Give every list (B, K, G) `need` pages where it has `have`: fresh pages from the pool, in order."""
+        extra = (need - have).view(-1)
+        total = int(extra.sum())
+        if total == 0:
+            return
+        self.page_table = _reserve(self.page_table, 3, int(need.max()), fill=0)
+        self.pages = _reserve(self.pages, 0, self.used_pages + total)
+        device = extra.device
+        owner = torch.repeat_interleave(torch.arange(extra.numel(), device=device), extra)  # (total,) list of each
+        rank = torch.arange(total, device=device) - (extra.cumsum(0) - extra)[owner]  # its place among the new pages
+        table = self.page_table.view(-1, self.page_table.shape[-1])
+        table[owner, have.view(-1)[owner] + rank] = torch.arange(self.used_pages, self.used_pages + total,
+                                                                 dtype=torch.int32, device=device)
+        self.used_pages += total
+
+    def members(self, lists: torch.Tensor, width: int) -> torch.Tensor:
+        """(N, width) int64 the first `width` positions listed by each of the N lists `lists`, flat ids into
+        (B, K, G); -1 past a list's count."""
+        if width == 0:
+            return torch.empty(lists.numel(), 0, dtype=torch.int64, device=lists.device)
+        table = self.page_table.view(-1, self.page_table.shape[-1])[:, : -(-width // PAGE)].index_select(0, lists)
+        listed = self.pages.index_select(0, table.view(-1)).view(lists.numel(), -1)
+        return listed[:, :width].long()
+
+    def query_head_rows(self, heads: int) -> torch.Tensor:
+        """(B, heads) the row of (B * K) key/value heads that each query head reads (grouped-query: K divides heads)."""
+        rows = self._query_head_rows
+        if rows is None or rows.shape[1] != heads:
+            b, k_heads = self.counts.shape[:2]
+            device = self.counts.device
+            batch_rows = torch.arange(b, device=device)[:, None] * k_heads
+            rows = self._query_head_rows = batch_rows + torch.arange(heads, device=device) // (heads // k_heads)
+        return rows
+
+    @property
+    def sink_last(self) -> torch.Tensor:
+        """(B,) the last sink's position (-1 before any): a real key is a sink exactly when its position <= it."""
+        if self.sinks.shape[1] == 0:
+            return torch.full(self.sinks.shape[:1], -1, dtype=torch.int64, device=self.sinks.device)
+        return self.sinks.amax(dim=1)
+
+    def groups(self, length: int | None = None) -> torch.Tensor:
+        """(B, K, L, top_k) int64 group ids of the first `length` indexed keys (padding keys: -1)."""
+        return self.key_groups[:, :, : self.length if length is None else length].long()
+
+    def truncate(self, length: int) -> None:
+        """Keep the first `length` keys (the cache was cropped or reset): the index rebuilt from their groups."""
+        kept = self.key_groups[:, :, :length].long()
+        valid = (kept[:, 0, :, 0] >= 0) if length else None
+        b, k_heads = self.counts.shape[:2]
+        self.__init__(b, k_heads, self.num_groups, self.top_k, self.sinks.shape[1], self.counts.device, self.scratch)
+        if length:
+            self.extend(kept.clamp_min(0), valid)
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep batch rows `rows` (beam search reordering, batch selection or repetition)."""
+        for name in ("key_groups", "page_table", "counts", "sinks", "_real"):
+            setattr(self, name, getattr(self, name).index_select(0, rows.to(self.counts.device)))
+        # A row kept twice must not share its pages with its copy (each grows on its own): every row gets fresh
+        # copies of its pages, and pages of rows let go return to the pool.
+        table = self.page_table.view(-1)
+        live = table > 0
+        self.pages = torch.cat([self.pages[:1], self.pages.index_select(0, table[live].long())])
+        table[live] = torch.arange(1, self.pages.shape[0], dtype=torch.int32, device=table.device)
+        self.used_pages = self.pages.shape[0]
+        self._query_head_rows = None
+
+    def nbytes(self) -> int:
+        """Bytes the index holds (allocated, growth headroom included)."""
+        tensors = (self.key_groups, self.pages, self.page_table, self.counts, self.sinks, self._real)
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _pages_for(counts: torch.Tensor) -> torch.Tensor:
+    return (counts + PAGE - 1) // PAGE
+
+
+def _reserve(buffer: torch.Tensor, dim: int, needed: int, fill: int = -1) -> torch.Tensor:
+    """`buffer` with room for `needed` entries along `dim`: itself, or a copy grown by an eighth (new room `fill`)."""
+    have = buffer.shape[dim]
+    if needed <= have:
+        return buffer
+    shape = list(buffer.shape)
+    shape[dim] = max(needed, have + have // 8, 64)
+    grown = torch.full(shape, fill, dtype=buffer.dtype, device=buffer.device)
+    grown.narrow(dim, 0, have).copy_(buffer)
+    return grown
+
+
+class FocusCache(GrowingCache):
+    """A `DynamicCache` (appending in place: `GrowingCache`) that keeps a `GroupIndex` per Focus layer and hands it
+    to that layer's attention call.
+
+    Sliding-window cache layers (their old keys leave the cache) are not indexed: they take the dense path.
+    """
+
+    def __init__(self, model: nn.Module, **kwargs):
+        super().__init__(config=model.config, **kwargs)
+        self.focus_modules = {m.layer_idx: m for m in model.modules() if hasattr(m, "focus_config")}
+        if not self.focus_modules:
+            raise ValueError("FocusCache needs a model with Focus; call apply_focus first")
+        self.indexes: dict[int, GroupIndex] = {}
+        self.scratch = ScratchRows()  # the layers attend one after another: one gather buffer serves them all
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        keys, values = super().update(key_states, value_states, layer_idx, *args, **kwargs)
+        module = self.focus_modules.get(layer_idx)
+        if module is not None and not self.layers[layer_idx].is_sliding:
+            if layer_idx not in self.indexes:
+                config = module.focus_config
+                self.indexes[layer_idx] = GroupIndex(
+                    keys.shape[0], keys.shape[1], config.num_groups, config.top_k, config.sink_tokens, keys.device,
+                    self.scratch,
+                )
+            setattr(module, CACHE_INDEX_ATTRIBUTE, self.indexes[layer_idx])
+        return keys, values
+
+    def reorder_cache(self, beam_idx: torch.LongTensor):
+        super().reorder_cache(beam_idx)
+        for index in self.indexes.values():
+            index.select_rows(beam_idx)
+
+    def batch_select_indices(self, indices: torch.Tensor):
+        super().batch_select_indices(indices)
+        for index in self.indexes.values():
+            index.select_rows(indices)
+
+    def batch_repeat_interleave(self, repeats: int):
+        super().batch_repeat_interleave(repeats)
+        for index in self.indexes.values():
+            rows = torch.arange(index.counts.shape[0], device=index.counts.device).repeat_interleave(repeats)
+            index.select_rows(rows)
+
+    def reset(self):
+        super().reset()
+        self.indexes.clear()
+
+    def index_nbytes(self) -> int:
+        """Bytes of every layer's group index (compare with the KV cache's)."""
+        return sum(index.nbytes() for index in self.indexes.values())
+
+
+def take_cache_index(module: nn.Module) -> GroupIndex | None:
+    """The index `FocusCache.update` handed to this call, removed from the module so no later call reuses it."""
+    index = getattr(module, CACHE_INDEX_ATTRIBUTE, None)
+    if index is not None:
+        setattr(module, CACHE_INDEX_ATTRIBUTE, None)
+    return index
+
+
+def index_new_keys(
+    module: nn.Module, index: GroupIndex, key_vectors: torch.Tensor, past: int, valid: torch.Tensor | None
+) -> None:
+    """Bring `index` to the cache: route the keys after the first `past` (their routing vectors `key_vectors`,
+    (B, K, n, D)) causally, as inference routes, and index them; `valid` (B, n) or None."""
+    if index.length != past:
+        if index.length < past:
+            raise RuntimeError(f"the Focus group index holds {index.length} keys but the cache {past}: "
+                               "a FocusCache must see every key from the first")
+        index.truncate(past)  # the cache was cropped
+    logits = routing_logits(key_vectors.detach(), module.focus_centroids, module.focus_config.temperature)
+    groups = top_k_groups(inference_log_assign(logits, module.focus_group_bias), module.focus_config.top_k)
+    index.extend(groups, valid)
+
+
+def sparse_decode_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    index: GroupIndex,
+    query_groups: torch.Tensor,
+    window: int,
+    key_valid: torch.Tensor | None,
+    scaling: float | None,
+) -> torch.Tensor:
+    """Hard Focus for one query token per row over a cache of L keys, reading window + sinks + its groups' keys.
+
+    On a CPU a step is bound by the bytes it moves, so nothing is copied that need not be: the window is a slice of
+    the cache, read in place by the query heads that share it; the distant keys (the sinks, then each selected
+    group's keys, each once) are gathered into a reused buffer; and their values are never gathered at all: one
+    `embedding_bag` sums them weighted by their probabilities as it reads them. Scores and softmax are float32.
+
+    Args:
+        query: (B, H, 1, D); key, value: (B, K, L, D), the cache with the query's own key last.
+        index: the cache's `GroupIndex`, holding all L keys.
+        query_groups: (B, H, top_k) int64, the groups of each query head.
+        key_valid: (B, w) bool, which of the last w = min(window, L) keys are real, or None (all).
+    Returns:
+        (B, H, 1, D).
+    """
+    b, h, _, d = query.shape
+    k_heads, length = key.shape[1], key.shape[2]
+    r = h // k_heads
+    start = max(length - window, 0)  # keys before `start` are distant
+    w = length - start
+    # A step's arithmetic takes a few hundred microseconds and every op's dispatch a few more: each line below is
+    # one bmm, gather or elementwise op on views, with no broadcasting helpers between them.
+    kv_rows = index.query_head_rows(h)  # (B, H) each query head's row of the (B * K) key/value heads
+    positions, drop = _distant_keys(index, query_groups, start, kv_rows)  # (B, H, n)
+    key_rows, span = _as_rows(key)
+    value_rows, _ = _as_rows(value)
+    rows = (kv_rows[..., None] * span + positions).view(b * h, -1)  # into key_rows and value_rows
+    q = query.float() * (d**-0.5 if scaling is None else scaling)
+
+    window_keys = key.reshape(b * k_heads, length, d)[:, start:].float()
+    near = torch.bmm(q.view(b * k_heads, r, d), window_keys.transpose(1, 2))  # (B*K, R, w)
+    if key_valid is not None:
+        near.masked_fill_(~key_valid.repeat_interleave(k_heads, dim=0)[:, None], float("-inf"))
+    far_keys = index.scratch.select_rows(key_rows, rows)  # (B*H, n, D), valid until the next call
+    # (1, D) x (D, n) per head, not (n, D) x (D, 1): the same product, 3x faster as a CPU GEMM.
+    far = torch.bmm(q.view(b * h, 1, d), far_keys.float().transpose(1, 2)).view(b, h, -1)
+    far.masked_fill_(drop, float("-inf"))
+    probs = torch.softmax(torch.cat([near.view(b, h, w), far], dim=-1), dim=-1).to(value.dtype).view(b * h, -1)
+
+    out = torch.bmm(probs[:, :w].reshape(b * k_heads, r, w), value.reshape(b * k_heads, length, d)[:, start:])
+    out = out.view(b * h, d)
+    n = rows.shape[-1]
+    if n:  # one bag of n rows per query head (1-D with offsets: 1.7x faster than 2-D bags here)
+        offsets = torch.arange(0, b * h * n, n, device=rows.device)
+        far_weights = probs[:, w:].reshape(-1)
+        out = out + F.embedding_bag(rows.view(-1), value_rows, offsets, per_sample_weights=far_weights, mode="sum")
+    return out.view(b, h, 1, d).to(query.dtype)
+
+
+def _as_rows(cache: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(rows (N, D), span): the cache (B, K, L, D) as rows, position p of key/value head row i at row i * span + p.
+    No copy when the cache is contiguous, or the first L positions of a larger buffer (`GrowingLayer`)."""
+    b, k_heads, length, d = cache.shape
+    batch_stride, head_stride, position_stride, last_stride = cache.stride()
+    if last_stride == 1 and position_stride == d and head_stride % d == 0 and batch_stride == k_heads * head_stride:
+        span = head_stride // d
+        storage = cache.untyped_storage().nbytes() // cache.element_size()
+        if cache.storage_offset() + b * k_heads * span * d <= storage:  # the last row's spare room is there too
+            return cache.as_strided((b * k_heads * span, d), (d, 1)), span
+    return cache.reshape(-1, d), length
+
+
+def _distant_keys(
+    index: GroupIndex, query_groups: torch.Tensor, start: int, kv_rows: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(positions, drop), both (B, H, S + top_k * C): the sinks, then the keys of each query head's groups; `drop`
+    marks the entries not attended here (local keys, sinks under each group, list padding, a key of two selected
+    groups under the second). Every position is valid to gather."""
+    b, h, top_k = query_groups.shape
+    # Every gather is an index_select by a flat index: advanced indexing with broadcast index tensors copies element
+    # by element, 8x slower on a CPU.
+    group_rows = (kv_rows[..., None] * index.num_groups + query_groups).view(-1)  # (B * H * top_k,)
+    width = int(index.counts.view(-1).index_select(0, group_rows).max()) if group_rows.numel() else 0
+    members = index.members(group_rows, width).view(b, h, top_k, width)  # (B, H, top_k, C), -1 past each count
+    drop = (members >= start) | (members <= index.sink_last[:, None, None, None])  # -1 <= every sink_last
+    if top_k > 1:
+        later = members[:, :, 1:].clamp_min(0)  # keys listed under a second or later selected group
+        first_id = (kv_rows[:, :, None, None] * index.key_groups.shape[2] + later) * top_k
+        ids = index.key_groups.view(-1)
+        for j in range(top_k):  # the later keys' j-th group
+            group_j = ids.index_select(0, (first_id + j).view(-1)).view_as(later)
+            for s in range(1, top_k):
+                drop[:, :, s] |= (group_j[:, :, s - 1, :, None] == query_groups[:, :, None, :s]).any(dim=-1)
+    positions, drop = members.view(b, h, -1).clamp_min(0), drop.view(b, h, -1)
+    if index.sinks.shape[1]:
+        sinks = index.sinks[:, None, :].expand(b, h, -1)
+        positions = torch.cat([sinks.clamp_min(0), positions], dim=-1)
+        drop = torch.cat([(sinks < 0) | (sinks >= start), drop], dim=-1)
+    return positions, drop
+
+
+class ScratchRows:
+    """A reused buffer for gathered rows. A decoding step copies the distant keys it reads; allocating that copy
+    afresh at every layer of every step page-faults it in each time (1.2-1.8x on a CPU, ../shared/FACTS.md)."""
+
+    def __init__(self):
+        self.buffer: torch.Tensor | None = None
+
+    def select_rows(self, rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """rows (N, D) at `index` (any shape) -> (*index.shape, D), a view of the buffer: valid until the next call."""
+        count = index.numel() * rows.shape[-1]
+        buffer = self.buffer
+        if buffer is None or buffer.numel() < count or buffer.dtype != rows.dtype or buffer.device != rows.device:
+            buffer = self.buffer = torch.empty(count + count // 4, dtype=rows.dtype, device=rows.device)
+        out = buffer[:count].view(index.numel(), rows.shape[-1])
+        torch.index_select(rows, 0, index.flatten(), out=out)
+        return out.view(*index.shape, rows.shape[-1])

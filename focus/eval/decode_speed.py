@@ -1,0 +1,174 @@
+"""Speed of Focus decoding through the cache's group index against full attention over the cache, both sides timed
+in one process.
+
+`decode_step_rows` times one attention layer's decoding step (a query token against a cache of L keys): SDPA over
+the whole cache against `sparse_decode_attention`, with the pair-count limit (cached keys / keys the step reads).
+`generate_rows` times a model's greedy decoding after a prompt: the unmodified model (DynamicCache, SDPA) against
+Focus hard through a `FocusCache`, in decoded tokens per second.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from focus.attention.decoding import FocusCache, GroupIndex, sparse_decode_attention
+from focus.eval.speed import balanced_groups, interleaved_seconds
+
+
+def decode_step_rows(
+    cache_lengths: list[int],
+    settings: list[tuple[int, int, int]],
+    head_layouts: list[tuple[int, int]],
+    head_dim: int = 64,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    repeats: int = 5,
+    sink_tokens: int = 1,
+    progress: Callable[[str], None] = print,
+) -> list[dict]:
+    """One row per (cache length, (groups, window, top_k), (query heads, key/value heads)): the median seconds of one
+    decoding step, full SDPA over the cache against the sparse step (taking turns), their ratio, the pair-count limit
+    (cached keys over keys a query head reads), the read limit (key/value rows each side reads) and the index's size
+    against the cache's. Groups are random and balanced, as trained groups are in expectation."""
+    device = torch.device(device)
+    rows = []
+    for length, (heads, k_heads) in ((n, layout) for n in cache_lengths for layout in head_layouts):
+        gen = torch.Generator().manual_seed(length)
+        q = torch.randn(1, heads, 1, head_dim, generator=gen).to(device, dtype)
+        key, value = (torch.randn(1, k_heads, length, head_dim, generator=gen).to(device, dtype) for _ in range(2))
+        for num_groups, window, top_k in settings:
+            index = GroupIndex(1, k_heads, num_groups, top_k, sink_tokens, device)
+            index.extend(balanced_groups(length, num_groups, top_k, k_heads).to(device), None)
+            query_groups = balanced_groups(1, num_groups, top_k, heads, seed=1)[:, :, 0].to(device)  # (1, H, top_k)
+            full_s, focus_s = interleaved_seconds([
+                lambda: F.scaled_dot_product_attention(q, key, value, enable_gqa=True),
+                lambda: sparse_decode_attention(q, key, value, index, query_groups, window, None, None),
+            ], repeats, device)
+            read = keys_read(index, query_groups, window, length)
+            row = {
+                "cache": length, "heads": heads, "kv_heads": k_heads, "head_dim": head_dim,
+                "dtype": str(dtype).removeprefix("torch."), "groups": num_groups, "window": window, "top_k": top_k,
+                "full_s": full_s, "focus_s": focus_s, "speedup": full_s / focus_s, "pair_limit": length / read,
+                # Full attention reads each key/value head's rows once for its query heads; the sparse step reads
+                # each query head's own rows: with grouped-query attention, the bound the bytes set.
+                "read_limit": k_heads * length / (heads * read),
+                "index_share": index_share(index, key, value),
+            }
+            row["of_limit"] = row["speedup"] / row["pair_limit"]
+            rows.append(row)
+            progress(f"cache={length:>6} H={heads}/{k_heads} G={num_groups} w={window} k={top_k}: full "
+                     f"{full_s * 1e3:.2f} ms focus {focus_s * 1e3:.2f} ms -> {row['speedup']:.2f}x "
+                     f"(pairs {row['pair_limit']:.2f}x)")
+    return rows
+
+
+def keys_read(index: GroupIndex, query_groups: torch.Tensor, window: int, length: int) -> float:
+    """Mean over query heads of the keys a step attends to: the window, the sinks before it, and the distinct
+    distant keys of the query's groups."""
+    k_heads = index.counts.shape[1]
+    r = query_groups.shape[1] // k_heads
+    groups = index.groups()[0]  # (K, L, top_k)
+    start = max(length - window, 0)
+    total = 0
+    for head in range(query_groups.shape[1]):
+        wanted = torch.isin(groups[head // r, :start], query_groups[0, head]).any(dim=-1)  # (start,)
+        wanted[: int(index.sink_last[0]) + 1] = True  # the sinks: every group
+        total += min(length, window) + int(wanted.sum())
+    return total / query_groups.shape[1]
+
+
+def index_share(index: GroupIndex, key: torch.Tensor, value: torch.Tensor) -> float:
+    """The index's bytes (growth headroom included) over the bytes of the keys and values it indexes."""
+    return index.nbytes() / (key.numel() * key.element_size() + value.numel() * value.element_size())
+
+
+@torch.no_grad()
+def generate_rows(
+    model,
+    prompt_lengths: list[int],
+    focus_settings: list[tuple[int, int, int]],
+    new_tokens: int = 32,
+    progress: Callable[[str], None] = print,
+) -> list[dict]:
+    """Greedy decoding of `new_tokens` after a random-token prompt, per (groups, window, top_k): Focus hard through a
+    FocusCache against the unmodified model through a GrowingCache (the same in-place cache without Focus: the ratio
+    is what Focus saves) and through transformers' DynamicCache (what a user has by default; it copies the whole
+    cache at every step). Prefill is timed apart; tokens per second count decoding alone. Focus is applied with
+    k-means centroids of the prompt's first tokens (speed does not depend on training) and removed afterwards."""
+    from transformers import DynamicCache
+
+    from focus.attention.growing_cache import GrowingCache
+    from focus.config import FocusConfig
+    from focus.retrofit import apply_focus, remove_focus
+
+    device = next(model.parameters()).device
+    limit = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    rows = []
+    for length in prompt_lengths:
+        ids = torch.randint(0, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(length))
+        ids = ids.to(device)
+        dynamic = DynamicCache(config=model.config)
+        base_prefill, logits = _prefill(model, ids, dynamic)
+        growing = GrowingCache(config=model.config)
+        for layer_idx, layer in enumerate(dynamic.layers):  # the same prompt state, appended to in place
+            growing.update(layer.keys.clone(), layer.values.clone(), layer_idx)
+        base_decode = _decode_seconds(model, logits, new_tokens, growing)
+        dynamic_decode = _decode_seconds(model, logits, new_tokens, dynamic)
+        short = GrowingCache(config=model.config)
+        short_decode = _decode_seconds(model, _prefill(model, ids[:, :16], short)[1], new_tokens, short)
+        for num_groups, window, top_k in focus_settings:
+            config = FocusConfig(num_groups=num_groups, window=window, top_k=top_k, mode="hard")
+            apply_focus(model, config, calibration_ids=ids[:, :512])  # the prompt's own tokens: no warning
+            try:
+                cache = FocusCache(model)
+                focus_prefill, focus_logits = _prefill(model, ids, cache)
+                focus_decode = _decode_seconds(model, focus_logits, new_tokens, cache)
+                share = cache.index_nbytes() / sum(
+                    layer.keys.numel() * layer.keys.element_size() * 2 for layer in cache.layers if layer.is_initialized
+                )
+            finally:
+                remove_focus(model)
+            row = {
+                "prompt": length, "new_tokens": new_tokens, "groups": num_groups, "window": window, "top_k": top_k,
+                "beyond_position_limit": limit is not None and length + new_tokens > limit,
+                "unmodified_tok_s": new_tokens / base_decode, "focus_tok_s": new_tokens / focus_decode,
+                "decode_speedup": base_decode / focus_decode,
+                "unmodified_dynamic_cache_tok_s": new_tokens / dynamic_decode,
+                "speedup_over_dynamic_cache": dynamic_decode / focus_decode,
+                # The unmodified step's time beyond a 16-token prompt's is (about) its attention over the cache.
+                "attention_share": max(0.0, 1 - short_decode / base_decode),
+                "unmodified_prefill_s": base_prefill, "focus_prefill_s": focus_prefill, "index_share": share,
+            }
+            rows.append(row)
+            progress(f"prompt={length:>6} G={num_groups} w={window} k={top_k}: unmodified "
+                     f"{row['unmodified_tok_s']:.1f} tok/s ({row['unmodified_dynamic_cache_tok_s']:.1f} with "
+                     f"DynamicCache), focus {row['focus_tok_s']:.1f} tok/s -> {row['decode_speedup']:.2f}x "
+                     f"(attention {row['attention_share']:.0%} of the unmodified step)")
+    return rows
+
+
+def _prefill(model, ids: torch.Tensor, cache) -> tuple[float, torch.Tensor]:
+    """(seconds, last logits) of the prompt's forward into `cache`."""
+    tic = time.perf_counter()
+    logits = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+    _sync(ids.device)
+    return time.perf_counter() - tic, logits
+
+
+def _decode_seconds(model, logits: torch.Tensor, new_tokens: int, cache) -> float:
+    """Seconds of `new_tokens` greedy steps through `cache`, from the prompt's last `logits`."""
+    tic = time.perf_counter()
+    for _ in range(new_tokens):
+        token = logits[:, -1:].argmax(dim=-1)
+        logits = model(input_ids=token, past_key_values=cache, use_cache=True).logits
+    _sync(logits.device)
+    return time.perf_counter() - tic
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

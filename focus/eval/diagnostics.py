@@ -1,0 +1,163 @@
+"""How much of the pretrained model's attention a Focus pattern keeps: the measurement behind routing choices.
+
+`distant_attention_recall` runs a Focus model with its own, unmodified attention and, in every layer, sets the
+pretrained attention weights beside the hard top-k pattern routed from the same queries and keys. Over the distant
+pairs (beyond the window, sink keys excluded: those are the pairs routing decides), it reports the share of the
+attention mass the pattern keeps (recall) and the share of the pairs it keeps (what it costs). A routing that keeps
+more mass at the same cost loses less when it sparsifies; a routing no better than chance keeps as much mass as pairs.
+The oracle keeps, in every query row, the same number of distant pairs as the pattern but the heaviest ones: no
+routing can recall more at that cost, so recall / oracle recall is how much of the possible a routing achieves.
+
+`oracle_selection` makes that oracle the model's attention: every layer keeps its window, its sinks and, per query
+row, the heaviest distant pairs, as many as the model's own hard pattern keeps in that row. Its perplexity is what a
+routing that chose pairs by the true attention weights would score at Focus's cost: the bar a better routing could
+reach, and, when the pretrained model still beats it, the sign that the cost itself, not the routing, loses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+from transformers import AttentionInterface, PreTrainedModel
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from focus.attention.function import key_positions, route_call, routing_vectors
+from focus.attention.reference import (
+    dense_attention,
+    hard_allowed,
+    local_pairs,
+    model_allowed,
+    split_query_heads,
+    unmodified_attention,
+)
+from focus.attention.routing import top_k_groups
+from focus.models import input_device
+from focus.retrofit import attention_modules, has_focus
+
+_RECALL = "focus_recall"
+_ORACLE = "focus_oracle"
+_TALLY = "_focus_recall_tally"  # per module: mass kept, distant mass, pairs kept, distant pairs, all mass, oracle mass
+
+
+@torch.no_grad()
+def distant_attention_recall(model: PreTrainedModel, rows: torch.Tensor, batch_size: int = 4) -> dict:
+    """Recall of the pretrained model's distant attention under the model's hard Focus pattern.
+
+    Args:
+        model: a model with Focus applied (its FocusConfig's window, top_k and routing are used, in hard top-k
+            form whatever its mode); it runs with its own attention, so every layer sees the pretrained inputs.
+        rows: (N, L) token ids, unpadded.
+    Returns:
+        {"recall": distant attention mass kept / distant attention mass, "kept": distant pairs kept / distant
+         pairs, "oracle_recall": the mass of the heaviest distant pairs, as many per query row as the pattern keeps
+         there, / distant mass, "distant_mass": share of all attention mass on distant pairs, "layers": [the same
+         per layer]}; sums over every query head, query and row.
+    """
+    if not has_focus(model):
+        raise ValueError("distant_attention_recall needs a model with Focus applied")
+    modules = attention_modules(model)
+    for module in modules:
+        setattr(module, _TALLY, torch.zeros(6, dtype=torch.float64))
+    AttentionInterface.register(_RECALL, _recall_attention)
+    AttentionMaskInterface.register(_RECALL, sdpa_mask)
+    current = model.config._attn_implementation
+    model.set_attn_implementation(_RECALL)
+    try:
+        for batch in rows.split(batch_size):
+            model(input_ids=batch.to(input_device(model)), use_cache=False)
+    finally:
+        model.set_attn_implementation(current)
+    tallies = [getattr(module, _TALLY) for module in modules]
+    for module in modules:
+        delattr(module, _TALLY)
+    return {**_shares(sum(tallies)), "layers": [_shares(tally) for tally in tallies]}
+
+
+def _shares(tally: torch.Tensor) -> dict[str, float]:
+    kept_mass, distant_mass, kept_pairs, distant_pairs, all_mass, oracle_mass = tally.tolist()
+    return {"recall": kept_mass / max(distant_mass, 1e-30), "kept": kept_pairs / max(distant_pairs, 1),
+            "oracle_recall": oracle_mass / max(distant_mass, 1e-30),
+            "distant_mass": distant_mass / max(all_mass, 1e-30)}
+
+
+def _recall_attention(module: nn.Module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None,
+                      **kwargs):
+    """The unmodified attention, tallying what the hard Focus pattern of this call keeps of it."""
+    kept, distant, logits, allowed = _pattern_and_logits(module, query, key, value, attention_mask, scaling, softcap,
+                                                         kwargs.get("position_ids"))
+    k_len = key.shape[2]
+    weights = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1).nan_to_num(0.0)  # (B, H, Q, L)
+    distant = distant.expand_as(weights)
+    kept_distant = kept & distant
+    # The oracle: per query row, the heaviest distant pairs, as many as the pattern keeps in that row.
+    ranked = weights.masked_fill(~distant, -1.0).sort(dim=-1, descending=True).values.clamp_min(0.0)
+    count = kept_distant.sum(dim=-1, keepdim=True)  # (B, H, Q, 1)
+    oracle = (ranked * (torch.arange(k_len, device=query.device) < count)).sum()
+    tally = getattr(module, _TALLY)
+    tally += torch.tensor([
+        (weights * kept_distant).sum().item(), (weights * distant).sum().item(),
+        kept_distant.sum().item(), distant.sum().item(), weights.sum().item(), oracle.item(),
+    ], dtype=torch.float64)
+    base_mask = None if attention_mask is None else attention_mask[..., :k_len]
+    out = unmodified_attention(query, key, value, base_mask, scaling, dropout, softcap)
+    return out.transpose(1, 2).contiguous(), None
+
+
+@contextlib.contextmanager
+def oracle_selection(model: PreTrainedModel) -> Iterator[PreTrainedModel]:
+    """Within the block, every Focus layer of `model` attends to its window, its sinks and, per query row, its
+    heaviest distant pairs by the true attention logits, as many as its hard Focus pattern keeps in that row.
+
+    The explicit (dense) attention computes it: for evaluation at moderate lengths, not for speed.
+    """
+    if not has_focus(model):
+        raise ValueError("oracle_selection needs a model with Focus applied")
+    AttentionInterface.register(_ORACLE, _oracle_attention)
+    AttentionMaskInterface.register(_ORACLE, sdpa_mask)
+    current = model.config._attn_implementation
+    model.set_attn_implementation(_ORACLE)
+    try:
+        yield model
+    finally:
+        model.set_attn_implementation(current)
+
+
+def _oracle_attention(module: nn.Module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None,
+                      **kwargs):
+    kept, distant, logits, allowed = _pattern_and_logits(module, query, key, value, attention_mask, scaling, softcap,
+                                                         kwargs.get("position_ids"))
+    distant = distant.expand_as(logits)
+    count = (kept & distant).sum(dim=-1, keepdim=True)  # (B, H, Q, 1) the pattern's distant pairs per row
+    rank = logits.masked_fill(~distant, float("-inf")).argsort(dim=-1, descending=True).argsort(dim=-1)
+    chosen = (allowed & ~distant) | (distant & (rank < count))  # the window and the sinks, then the heaviest
+    out = dense_attention(query, key, value, chosen, None, scaling, softcap)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _pattern_and_logits(module: nn.Module, query, key, value, attention_mask, scaling, softcap, position_ids):
+    """(kept, distant, logits, allowed) of one call: the hard Focus pattern (B, H, Q, L) bool per query head, the
+    distant pairs it routes (beyond the window, sinks excluded; (B or 1, 1, Q, L)), the float32 attention logits
+    (B, H, Q, L) and the pairs the model allows ((B or 1, 1, Q, L))."""
+    config = module.focus_config
+    b, h, q_len, d = query.shape
+    k_heads, k_len = key.shape[1], key.shape[2]
+    base_mask = None if attention_mask is None else attention_mask[..., :k_len]
+    positions = key_positions(position_ids, k_len, key.device)
+    key_vectors = routing_vectors(module, key if config.route_on == "key" else value, positions)
+    _, log_p_q, log_p, sinks = route_call(module, query, key_vectors, base_mask, positions)
+    groups_q, groups = top_k_groups(log_p_q, config.top_k), top_k_groups(log_p, config.top_k)
+    kept = hard_allowed(groups_q, groups, config.num_groups, config.window, base_mask, sinks)
+    kept = split_query_heads(kept, k_heads).expand(b, k_heads, h // k_heads, q_len, k_len).flatten(1, 2)
+
+    allowed = model_allowed(base_mask, q_len, k_len, query.device)  # (B or 1, 1, Q, L)
+    distant = allowed & ~local_pairs(q_len, k_len, config.window, query.device)
+    if sinks is not None:
+        distant = distant & ~sinks[:, None, None, :]
+    logits = torch.einsum("bhqd,bhld->bhql", query.float(), key.float().repeat_interleave(h // k_heads, dim=1))
+    logits = logits * (d**-0.5 if scaling is None else scaling)
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    return kept, distant, logits, allowed

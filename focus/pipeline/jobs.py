@@ -1,0 +1,170 @@
+"""What every pipeline job shares: its log, the token files, the training rows and the resumable training run."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from focus.config import to_dict
+from focus.data import chunk_tokens
+from focus.distributed import barrier, is_main_process, rank_and_world
+from focus.files import write_json
+from focus.models import load_model
+from focus.provenance import provenance
+from focus.train.checkpoint import CHECKPOINT_NAME, CheckpointError
+from focus.train.config import TrainConfig
+from focus.train.loop import METRICS_NAME, train_parameters
+
+_log = logging.getLogger(__name__)
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def start_job(log: str | Path, threads: int) -> None:
+    """Send this job's stdout, stderr (progress bars) and logging to `log`, and use `threads` torch threads."""
+    stream = open(log, "w", buffering=1)  # line-buffered: `tail -f` shows progress as it happens
+    # The file descriptors too: output from C++ (NCCL) and from the processes of a multi-GPU job goes there as well.
+    os.dup2(stream.fileno(), 1)
+    os.dup2(stream.fileno(), 2)
+    sys.stdout = sys.stderr = stream
+    logging.basicConfig(level=logging.INFO, stream=stream, format="%(asctime)s %(name)s: %(message)s", force=True)
+    torch.set_num_threads(threads)
+
+
+def read_tokens(path: str | Path, split: str) -> torch.Tensor:
+    """The ids of `split` in a `prepare_tokens` file: LongTensor (T,)."""
+    with safe_open(str(path), framework="pt") as f:
+        if split not in f.keys():
+            raise KeyError(f"{path} has no split {split!r} (it has {sorted(f.keys())}); list it in data.domains")
+        return f.get_tensor(split).long()
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _load_for_training(source: str, dtype: str, world: int) -> tuple[torch.nn.Module, Any]:
+    """(model, tokenizer), the model on this process's device; for `world` > 1 processes in host memory, where each
+    process reads the whole weights once: sharding then moves only its shard to its GPU, so no GPU holds them all."""
+    return load_model(source, _DTYPES[dtype], "cpu" if world > 1 else default_device())
+
+
+@dataclass(frozen=True)
+class TrainingJob:
+    """What every training stage shares: the rows it trains on, how it trains, and where its records go.
+
+    The train split of `tokens` (a `prepare_tokens` file) is cut into rows of `seq_len` tokens. The first
+    `calibration_rows` initialise the Focus centroids by k-means and no method trains on them, so that every method
+    trains on identical batches; then at most `train_rows` rows (None: all) are trained on. The first `eval_rows`
+    rows of the validation split are scored during training. `train` holds TrainConfig fields; `metrics` (JSON
+    lines) and `summary` (JSON) are the job's records.
+    """
+
+    tokens: str | Path
+    seq_len: int
+    train: dict[str, Any]
+    metrics: str | Path
+    summary: str | Path
+    calibration_rows: int = 8
+    train_rows: int | None = None
+    eval_rows: int = 0
+    progress: bool = True
+
+    @classmethod
+    def from_rule(cls, snakemake: Any, **changes: Any) -> "TrainingJob":
+        """The job of a training rule: `params.rows` (seq_len and the row counts) and `params.train`, the tokens
+        input and the metrics and summary outputs."""
+        return cls(**snakemake.params.rows, train=snakemake.params.train, tokens=snakemake.input.tokens,
+                   metrics=snakemake.output.metrics, summary=snakemake.output.summary, **changes)
+
+    def config(self, **changes: Any) -> TrainConfig:
+        return TrainConfig.from_dict({**self.train, **changes})
+
+    def rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(calibration rows, training rows, evaluation rows or None), each (N, seq_len) ids."""
+        calibration, rows, eval_data = training_rows(self.tokens, self.seq_len, self.calibration_rows, self.eval_rows)
+        return calibration, rows[: self.train_rows] if self.train_rows else rows, eval_data
+
+    def run(self, model: torch.nn.Module, rows: torch.Tensor, eval_data: torch.Tensor | None,
+            config: TrainConfig | None = None) -> dict:
+        """`run_training` of this job (its TrainConfig unless `config` is given)."""
+        return run_training(model, rows, config or self.config(), Path(self.metrics), eval_data, self.progress)
+
+    def finish(self, source: str, record: dict) -> dict:
+        """`write_training_summary` of this job."""
+        return write_training_summary(self.summary, source, record, Path(self.metrics))
+
+
+def training_rows(
+    tokens: str | Path, seq_len: int, calibration_rows: int, eval_rows: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(calibration rows, training rows, evaluation rows or None), each (N, seq_len) ids."""
+    rows = chunk_tokens(read_tokens(tokens, "train"), seq_len)
+    if rows.shape[0] <= calibration_rows:
+        raise ValueError(f"{tokens}: {rows.shape[0]} train rows of {seq_len} tokens leave none after {calibration_rows} calibration rows")
+    eval_data = chunk_tokens(read_tokens(tokens, "validation"), seq_len)[:eval_rows] if eval_rows else None
+    return rows[:calibration_rows], rows[calibration_rows:], eval_data
+
+
+def run_training(
+    model: torch.nn.Module,
+    rows: torch.Tensor,
+    config: TrainConfig,
+    metrics: Path,
+    eval_data: torch.Tensor | None,
+    progress: bool,
+) -> dict:
+    """`train_parameters` in `<metrics folder>/run/`, then move its metrics to `metrics` and drop the folder.
+
+    A checkpoint left there by a killed job is resumed; one written for other settings or data (the pipeline
+    re-runs a job when its parameters change) is discarded with a warning, and training starts over.
+    """
+    run_dir = _run_dir(metrics)
+    resumed = (run_dir / CHECKPOINT_NAME).exists()
+    tic = time.perf_counter()
+    try:
+        final = train_parameters(model, rows, config, run_dir, eval_data=eval_data, progress=progress)
+    except CheckpointError as err:
+        _log.warning("discarding the checkpoint in %s (%s); training from step 0", run_dir, err)
+        barrier()  # every process has read (and refused) the checkpoint before it goes
+        if is_main_process():
+            shutil.rmtree(run_dir)
+        barrier()
+        resumed = False
+        final = train_parameters(model, rows, config, run_dir, eval_data=eval_data, progress=progress)
+    seconds = time.perf_counter() - tic
+    if is_main_process():
+        metrics.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(run_dir / METRICS_NAME, metrics)
+    return {
+        "final": final,
+        "train_config": to_dict(config),
+        "train_rows": rows.shape[0],
+        "seq_len": rows.shape[1],
+        "seconds": round(seconds, 1),
+        "resumed": resumed,
+        "processes": rank_and_world()[1],
+    }
+
+
+def _run_dir(metrics: Path) -> Path:
+    """Where a training job checkpoints: beside its outputs, undeclared, so a killed job's state survives."""
+    return metrics.parent / "run"
+
+
+def write_training_summary(path: str | Path, source: str, record: dict, metrics: Path) -> dict:
+    """Write the training summary, then remove the run folder: its checkpoint has served its purpose (process 0)."""
+    record.update(source=source, provenance=provenance())
+    if is_main_process():
+        write_json(path, record)
+        shutil.rmtree(_run_dir(metrics), ignore_errors=True)
+    barrier()
+    return record

@@ -1,0 +1,318 @@
+"""Experiment profiles of the replication pipeline (configs/*.yaml): validation and resolution.
+
+`resolve_profile` turns a profile as written into one where every model carries its complete FocusConfig per
+variant and complete TrainConfigs, and checks everything that can be checked before a job starts: structure
+and types (a JSON schema), every FocusConfig/TrainConfig field, model sources, and that every data split the
+profile needs is in the mirror or reachable on the hub. Each failure is one `ConfigError` line naming the key.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from focus.config import ConfigError, FocusConfig, to_dict, yaml_number_hint
+from focus.data import MirrorError, corpus_location, verify_mirror_file
+from focus.eval.harness import mirror_task_files
+from focus.models import PACKAGED_SMOLLM2, TINY_FAMILIES, TINY_PREFIX, position_limit
+from focus.pipeline.methods import FULL_FINETUNE, MODES, PRETRAINED, lora_name, method_variant
+from focus.train.config import TrainConfig
+
+_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+
+
+def resolve_profile(config: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
+    """Validate a profile and return it resolved (a new plain dict; `config` is not changed).
+
+    Resolved keys: everything in the profile, plus `results` ("results/<name>"), `methods` (what perplexity is
+    measured for: "pretrained", "full_finetune" when the baseline is on, "<variant>-soft", "<variant>-hard"),
+    and per model `dtype`, `variants` ({variant: FocusConfig dict}), `centroids` and `full_finetune` (TrainConfig
+    dicts; `full_finetune` None when off), `gpus` (processes per training job, default 1) and `eval_gpus` (GPUs an
+    evaluation job spreads the model over, default 1).
+
+    Raises:
+        ConfigError: one line naming the key and what is wrong with it.
+    """
+    _check_schema(config, schema)
+    profile = dict(config)
+    profile["results"] = f"results/{config['name']}"
+    variants = config.get("variants") or {"focus": {}}
+    train = config["train"]
+    baseline = train.get("full_finetune")
+    models = {}
+    for name, spec in config["models"].items():
+        where = f"models.{name}"
+        _check_source(where, spec["source"])
+        focus = {**config["focus"], **spec.get("focus", {})}
+        resolved = {
+            "source": spec["source"],
+            "dtype": spec.get("dtype", config.get("dtype", "float32")),
+            "variants": {
+                variant: _focus_dict(f"{where} variant {variant}", {**focus, **changes})
+                for variant, changes in variants.items()
+            },
+            "centroids": _train_dict(f"{where}.centroids", {**train["centroids"], **spec.get("centroids", {})}),
+            "full_finetune": None,
+            "gpus": spec.get("gpus", 1),
+            "eval_gpus": spec.get("eval_gpus", 1),
+        }
+        if baseline is not None:
+            # The same budget (steps, batch, schedule) as this model's centroids unless overridden.
+            merged = {**resolved["centroids"], **baseline, **spec.get("full_finetune", {})}
+            resolved["full_finetune"] = _train_dict(f"{where}.full_finetune", merged)
+        _check_gpus(where, resolved)
+        models[name] = resolved
+    profile["models"] = models
+    profile["variants"] = variants
+    profile["methods"] = [PRETRAINED] + ([FULL_FINETUNE] if baseline is not None else []) + [
+        f"{variant}-{mode}" for variant in variants for mode in MODES
+    ]
+    _check_data(config)
+    bench = config.get("benchmark")
+    if bench and bench.get("model") is not None and bench["model"] not in models:
+        raise ConfigError(f"benchmark.model: {bench['model']!r} is not one of this profile's models {sorted(models)}")
+    decode = (bench or {}).get("decode") or {}
+    for where, settings in (("settings", (bench or {}).get("settings", [])),
+                            ("prefill_settings", (bench or {}).get("prefill_settings", [])),
+                            ("decode.settings", decode.get("settings", [])),
+                            ("decode.generate_settings", decode.get("generate_settings", []))):
+        for groups, window, top_k in settings:
+            _focus_dict(f"benchmark.{where}", {"num_groups": groups, "window": window, "top_k": top_k})
+    profile.update(_evaluation_sections(config, models, profile["methods"]))
+    if config.get("interpret") is not None:
+        profile["interpret"] = _interpret_dict(config["interpret"], models)
+    if config.get("scratch") is not None:
+        profile["scratch"] = _scratch_dict(config["scratch"], config["data"]["domains"])
+    profile["perplexity"] = _perplexity_dict(config["perplexity"], config["data"]["domains"])
+    _check_positions(profile)
+    if config.get("study") is not None:
+        profile["study"] = _study_dict(config["study"], variants, models, profile["perplexity"])
+    return profile
+
+
+def _check_positions(profile: dict[str, Any]) -> None:
+    """Every length the profile asks of a model fits its position limit (where it is known without a download)."""
+    everyone = list(profile["models"])
+    asked = [("train.seq_len", profile["train"]["seq_len"], everyone),
+             ("perplexity.context_length", profile["perplexity"]["context_length"], everyone)]
+    long = profile.get("long_context")
+    if long:
+        asked += [("long_context.context_lengths", length, long["models"]) for length in long["context_lengths"]]
+        for length in (long.get("needle") or {}).get("lengths", []):
+            asked.append(("long_context.needle.lengths", length, long["models"]))
+        for length in (long.get("ruler") or {}).get("lengths", []):
+            asked.append(("long_context.ruler.lengths", length, long["models"]))
+    limits: dict[str, int | None] = {}
+    for key, length, names in asked:
+        for name in names:
+            if name not in limits:
+                limits[name] = position_limit(profile["models"][name]["source"])
+            if limits[name] is not None and length > limits[name]:
+                raise ConfigError(
+                    f"models.{name}: {key} {length} exceeds the model's {limits[name]} positions "
+                    "(max_position_embeddings); shorten it or leave the model out of that section"
+                )
+
+
+def _perplexity_dict(section: dict[str, Any], domains: dict[str, list[str]]) -> dict[str, Any]:
+    """The `perplexity` section with `splits` (default [test]) and `validation_domains`: the domains scored on their
+    validation split too (those whose data lists one, when `splits` asks for validation)."""
+    resolved = {"splits": ["test"], **section}
+    wanted = "validation" in resolved["splits"]
+    resolved["validation_domains"] = [d for d in section["domains"] if wanted and "validation" in domains.get(d, [])]
+    return resolved
+
+
+def _study_dict(study: dict[str, Any], variants: dict[str, Any], models: dict[str, Any],
+                perplexity: dict[str, Any]) -> dict[str, Any]:
+    """The `study` section with its `model` (default the first) checked against the profile."""
+    study = {"model": next(iter(models)), **study}
+    if study["model"] not in models:
+        raise ConfigError(f"study.model: {study['model']!r} is not one of this profile's models {sorted(models)}")
+    if study["baseline"] not in variants:
+        raise ConfigError(f"study.baseline: {study['baseline']!r} is not one of the variants {sorted(variants)}")
+    if study["domain"] not in perplexity["validation_domains"]:
+        raise ConfigError(
+            f"study.domain: {study['domain']!r} must be a perplexity domain scored on its validation split "
+            "(list it in perplexity.domains, 'validation' in perplexity.splits and in data.domains)"
+        )
+    return study
+
+
+def _interpret_dict(section: dict[str, Any], models: dict[str, Any]) -> dict[str, Any]:
+    """The `interpret` section resolved: `models` (default all) plus every InterpretConfig field."""
+    from focus.eval.interpret import InterpretConfig  # deferred: pandas and plotting helpers only the stage needs
+
+    chosen = _section_models("interpret", section, models)
+    try:
+        fields = InterpretConfig.from_dict({k: v for k, v in section.items() if k != "models"})
+    except ConfigError as err:
+        raise ConfigError(f"interpret: {err}") from None
+    return {"models": chosen, **to_dict(fields)}
+
+
+def _evaluation_sections(config: dict[str, Any], models: dict[str, Any], methods: list[str]) -> dict[str, Any]:
+    """The `lora`, `harness` and `long_context` sections resolved, each with its `models` checked and the methods
+    it covers; adds each model's own `methods` (the profile's, plus the LoRA grid for the models it trains)."""
+    resolved: dict[str, Any] = {}
+    lora_methods: list[str] = []
+    if config.get("lora") is not None:
+        lora = {"alpha_ratio": 2.0, "dropout": 0.0, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
+                **config["lora"]}
+        lora["models"] = _section_models("lora", lora, models)
+        lora["grid"] = {
+            lora_name(rank, lr): {"rank": rank, "lr": lr, "alpha": lora["alpha_ratio"] * rank}
+            for rank in lora["ranks"] for lr in lora["lrs"]
+        }
+        lora_methods = list(lora["grid"])
+        resolved["lora"] = lora
+    for name, model in models.items():
+        model["methods"] = methods + (lora_methods if name in resolved.get("lora", {}).get("models", []) else [])
+    focus_methods = [method for method in methods if method_variant(method) is not None]
+    if config.get("harness") is not None:
+        harness = {"limit": None, "batch_size": 8, "chat_tasks": [], **config["harness"]}
+        harness["models"] = _section_models("harness", harness, models)
+        harness["methods"] = [PRETRAINED, *focus_methods, *lora_methods]
+        resolved["harness"] = harness
+    if config.get("long_context") is not None:
+        long_context = {"batch_size": 1, "max_tokens": None, "needle": None, "ruler": None, **config["long_context"]}
+        long_context["models"] = _section_models("long_context", long_context, models)
+        long_context["methods"] = [PRETRAINED, *focus_methods]
+        domain = long_context["domain"]
+        if "test" not in config["data"]["domains"].get(domain, []):
+            raise ConfigError(f"data.domains.{domain}: long_context needs split 'test'; list it there")
+        resolved["long_context"] = long_context
+    return resolved
+
+
+def _section_models(section: str, values: dict[str, Any], models: dict[str, Any]) -> list[str]:
+    chosen = values.get("models") or list(models)
+    unknown = [name for name in chosen if name not in models]
+    if unknown:
+        raise ConfigError(f"{section}.models: {unknown[0]!r} is not one of this profile's models {sorted(models)}")
+    return list(chosen)
+
+
+def _check_schema(config: dict[str, Any], schema: dict[str, Any]) -> None:
+    import jsonschema  # deferred: only profile loading needs it
+
+    validator = jsonschema.Draft202012Validator(schema)
+    error = jsonschema.exceptions.best_match(validator.iter_errors(config))
+    if error is not None:
+        where = ".".join(str(part) for part in error.absolute_path) or "profile"
+        raise ConfigError(f"{where}: {error.message}" + yaml_number_hint(error.instance))
+
+
+def _focus_dict(where: str, values: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return to_dict(FocusConfig.from_dict(values))
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from None
+
+
+def _train_dict(where: str, values: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return to_dict(TrainConfig.from_dict(values))
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from None
+
+
+def _check_gpus(where: str, model: dict[str, Any]) -> None:
+    """Every process of a multi-GPU training job scores an equal share of each batch (see train_parameters)."""
+    for section in ("centroids", "full_finetune"):
+        train = model[section]
+        if train is not None and train["batch_size"] % model["gpus"]:
+            raise ConfigError(
+                f"{where}.{section}.batch_size ({train['batch_size']}) must be a multiple of {where}.gpus "
+                f"({model['gpus']}): each GPU scores an equal share of every batch"
+            )
+
+
+def _check_source(where: str, source: str) -> None:
+    """Refuse sources that cannot load: unknown tiny families, missing folders, hub ids unusable offline."""
+    if source == PACKAGED_SMOLLM2:
+        return
+    if source.startswith(TINY_PREFIX):
+        family = source[len(TINY_PREFIX) :]
+        if family not in TINY_FAMILIES:
+            raise ConfigError(f"{where}.source: unknown tiny model family {family!r}; known: {', '.join(TINY_FAMILIES)}")
+        return
+    path = Path(source).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"{where}.source: folder {source!r} has no config.json (not a saved model)")
+        return
+    if not _HUB_ID.match(source):
+        raise ConfigError(
+            f"{where}.source: unknown model {source!r}: not {PACKAGED_SMOLLM2!r}, tiny:<family>, an existing "
+            "folder or a hub id (org/name)"
+        )
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if constants.HF_HUB_OFFLINE and not isinstance(try_to_load_from_cache(source, "config.json"), str):
+        raise ConfigError(f"{where}.source: hub model {source!r} is not in the local hub cache and HF_HUB_OFFLINE=1")
+
+
+def _check_data(config: dict[str, Any]) -> None:
+    domains = config["data"]["domains"]
+    mirror = config["data"].get("mirror")
+    train = config["train"]
+    needed = {(train["domain"], "train")}
+    if train.get("eval_rows", 0) > 0:
+        needed.add((train["domain"], "validation"))
+    needed |= {(domain, "test") for domain in config["perplexity"]["domains"]}
+    study = config.get("study")
+    if study is not None:
+        needed.add((study["domain"], "validation"))
+    if config.get("interpret") is not None:  # held-out text of the training domain
+        needed.add((train["domain"], "test"))
+    for domain, split in sorted(needed):
+        if split not in domains.get(domain, []):
+            raise ConfigError(f"data.domains.{domain}: the profile needs split {split!r}; list it there")
+    for domain, splits in domains.items():
+        for split in splits:
+            try:
+                corpus_location(domain, split, mirror)
+            except (FileNotFoundError, MirrorError) as err:
+                raise ConfigError(f"data.domains.{domain}: {err}") from None
+    if config.get("harness") is not None:
+        tasks = [*config["harness"]["tasks"], *config["harness"].get("chat_tasks", [])]
+        try:
+            for path in mirror_task_files(tasks, mirror):
+                verify_mirror_file(path)
+        except MirrorError as err:
+            raise ConfigError(f"harness: {err}") from None
+
+
+def _scratch_dict(section: dict[str, Any], domains: dict[str, list[str]]) -> dict[str, Any]:
+    """The `scratch` section resolved: defaults filled in, the model shape, TrainConfig (without seed) and FocusConfig
+    complete, the window shorter than the sequence, and the corpus splits the stage reads listed."""
+    from focus.train.scratch import ScratchModel  # deferred, as the stage's other imports
+
+    resolved = {"tokenizer": PACKAGED_SMOLLM2, "domain": "books", "calibration_rows": 4, "train_rows": None, **section}
+    try:
+        _check_source("scratch", resolved["tokenizer"])
+    except ConfigError as err:  # _check_source names the key `<where>.source`
+        raise ConfigError(str(err).replace("scratch.source:", "scratch.tokenizer:", 1)) from None
+    try:
+        resolved["model"] = to_dict(ScratchModel.from_dict(section["model"]))
+    except ConfigError as err:
+        raise ConfigError(f"scratch.model: {err}") from None
+    if "seed" in section["train"]:
+        raise ConfigError("scratch.train.seed: list the seeds in scratch.seeds (each sets weights and batch order)")
+    train = _train_dict("scratch.train", section["train"])
+    resolved["train"] = {key: value for key, value in train.items() if key != "seed"}
+    # From scratch every weight trains, through the soft gate unless the profile says otherwise: the straight-through
+    # estimator (the library's default) is for the centroids of a frozen model.
+    resolved["focus"] = _focus_dict("scratch.focus", {"objective": "language_model", **section["focus"]})
+    if resolved["focus"]["window"] >= resolved["seq_len"]:
+        raise ConfigError(
+            f"scratch.focus.window ({resolved['focus']['window']}) must be < scratch.seq_len ({resolved['seq_len']}): "
+            "a window covering the sequence makes Focus full attention"
+        )
+    for split in ("train", "validation"):
+        if split not in domains.get(resolved["domain"], []):
+            domain = resolved["domain"]
+            raise ConfigError(f"data.domains.{domain}: the scratch stage needs split {split!r}; list it there")
+    return resolved

@@ -1,0 +1,191 @@
+"""The design study's table and figure: every Focus variant of a profile side by side with the pretrained model.
+
+One row per design (and one for the pretrained model): what it changes, its wall time, perplexity on the
+validation split of the study domain (what the choice is made on), soft and hard, each against the pretrained
+model with its paired 95% interval over the evaluation windows, then the test splits (reported, never tuned on),
+long-context perplexity and pass-key accuracy, how its groups align with token category and with position (NMI),
+and what its hard pattern keeps of the pretrained model's distant attention: the share of the mass (`distant_recall`)
+and of the pairs (`distant_kept`, the cost; `focus.eval.diagnostics`). The figure shows validation
+perplexity during training against the pretrained model on the same rows.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from focus.artifacts import markdown_table, pyplot, save_figure
+from focus.eval.perplexity import paired_ratio
+from focus.files import write_text
+from focus.pipeline.methods import PRETRAINED
+
+
+def _records(paths: list[str | Path], model: str) -> list[dict]:
+    records = (json.loads(Path(path).read_text()) for path in paths)
+    return [record for record in records if record.get("model") == model]
+
+
+def _of_model(paths: list[str | Path], model: str) -> list[Path]:
+    """The <model>/<variant>/<file> paths of `model`."""
+    return [Path(path) for path in paths if Path(path).parent.parent.name == model]
+
+
+def _changes(overrides: dict) -> str:
+    return ", ".join(f"{key}={value}" for key, value in overrides.items()) or "(base)"
+
+
+def study_frame(
+    model: str,
+    variants: dict[str, dict],
+    domain: str,
+    summaries: list[str | Path],
+    validation: list[str | Path],
+    test: list[str | Path],
+    long_context: list[str | Path] = (),
+    needle: list[str | Path] = (),
+    interpret: list[str | Path] = (),
+) -> pd.DataFrame:
+    """One row per design plus the pretrained model (first).
+
+    Args:
+        model: the profile's name of the model studied; records of other models are left out.
+        variants: {variant: FocusConfig overrides as the profile writes them}.
+        domain: the study domain; `validation` holds its validation perplexity records, one per method.
+        summaries: train summary.json files (<model>/<variant>/summary.json).
+        test: test perplexity records of every method and domain; long_context, needle: their records;
+        interpret: interpret summary.json files (<model>/<variant>/summary.json).
+    """
+    rows = {PRETRAINED: {"design": PRETRAINED, "changes": "full attention, frozen"}}
+    for variant, overrides in variants.items():
+        rows[variant] = {"design": variant, "changes": _changes(overrides)}
+
+    windows: dict[tuple[str, str], list[float]] = {}  # (design, column) -> its per-window NLLs, where recorded
+
+    def put(method: str, column: str, value, window_nll: list[float] | None = None) -> None:
+        name, _, mode = method.rpartition("-")
+        if method == PRETRAINED:
+            name, column = PRETRAINED, column.replace("_{mode}", "")
+        elif name in rows:
+            column = column.format(mode=mode)
+        else:
+            return
+        rows[name][column] = value
+        if window_nll is not None:
+            windows[name, column] = window_nll
+
+    for path in _of_model(summaries, model):
+        summary = json.loads(Path(path).read_text())
+        row = rows[Path(path).parent.name]
+        row["train_tokens"] = summary["final"].get("train/tokens")
+        row["train_seconds"] = summary["seconds"]
+    for record in _records(validation, model):
+        if record["domain"] == domain:
+            put(record["method"], f"{domain}_validation_{{mode}}", record["perplexity"], record.get("window_nll"))
+    for record in _records(test, model):
+        put(record["method"], f"{record['domain']}_test_{{mode}}", record["perplexity"], record.get("window_nll"))
+    for record in _records(long_context, model):
+        put(record["method"], f"ctx{record['context_length']}_{{mode}}", record["perplexity"])
+    for record in _records(needle, model):
+        put(record["method"], "needle_{mode}", record["accuracy"])
+    for path in _of_model(interpret, model):
+        record = json.loads(Path(path).read_text())
+        row = rows[Path(path).parent.name]
+        for label in ("category", "position"):
+            row[f"nmi_{label}"] = record["alignment"][label]["nmi_mean"]
+        if "distant_attention" in record:  # focus.eval.diagnostics: what the hard pattern keeps of the pretrained attention
+            row["distant_recall"] = record["distant_attention"]["recall"]
+            row["distant_kept"] = record["distant_attention"]["kept"]
+            row["distant_oracle_recall"] = record["distant_attention"]["oracle_recall"]
+    for name in variants:  # each design against pretrained on the same windows: the ratio's 95% interval
+        for split in ("validation", "test"):
+            for mode in ("soft", "hard"):
+                column, base = f"{domain}_{split}_{mode}", windows.get((PRETRAINED, f"{domain}_{split}"))
+                design = windows.get((name, column))
+                if base is not None and design is not None and len(design) == len(base) >= 2:
+                    _, low, high = paired_ratio(design, base)
+                    rows[name][f"{column}_vs_pretrained_low"], rows[name][f"{column}_vs_pretrained_high"] = low, high
+    frame = pd.DataFrame(list(rows.values()))
+    for split in ("validation", "test"):
+        pretrained = frame.loc[0, f"{domain}_{split}"] if f"{domain}_{split}" in frame else None
+        for mode in ("soft", "hard"):
+            column = f"{domain}_{split}_{mode}"
+            if pretrained is not None and column in frame:
+                frame[f"{column}_vs_pretrained"] = frame[column] / pretrained - 1
+    return frame[_column_order(frame, domain)]
+
+
+def _column_order(frame: pd.DataFrame, domain: str) -> list[str]:
+    versus = [f"{domain}_{split}_{mode}_vs_pretrained{bound}" for split in ("validation", "test")
+              for mode in ("soft", "hard") for bound in ("", "_low", "_high")]
+    first = ["design", "changes", "train_tokens", "train_seconds", f"{domain}_validation", f"{domain}_validation_soft",
+             f"{domain}_validation_hard", *versus[:6]]
+    present = [c for c in first if c in frame]
+    tests = sorted(c for c in frame if "_test" in c and c not in versus)
+    present_later = [c for c in versus[6:] if c in frame]
+    contexts = sorted((c for c in frame if c.startswith("ctx")), key=lambda c: (int(c[3:].split("_")[0]), c))
+    rest = [c for c in frame if c not in present + tests + present_later + contexts]
+    return present + tests + present_later + contexts + rest
+
+
+def plot_study_curves(frame: pd.DataFrame, metrics: list[str | Path], summaries: list[str | Path], domain: str,
+                      figure: str | Path) -> None:
+    """Left: validation perplexity (the training job's evaluation rows, in the mode the design's objective trains:
+    soft for the soft gate's, hard for the others) per training step for every design, starting at its k-means
+    initialisation, with the pretrained model on the same rows as a line. Right: the
+    validation split's perplexity, soft and hard, per design against pretrained."""
+    plt = pyplot()
+    fig, (curves, bars) = plt.subplots(1, 2, figsize=(13, 4.5))
+    pretrained = None
+    for path, summary_path in zip(sorted(metrics, key=str), sorted(summaries, key=str)):
+        variant = Path(path).parent.name
+        summary = json.loads(Path(summary_path).read_text())
+        reference, mode = summary.get("reference_eval", {}), summary.get("eval_mode", "soft")
+        pretrained = reference.get("pretrained", pretrained)
+        log = pd.DataFrame([json.loads(line) for line in Path(path).read_text().splitlines()])
+        evals = log.dropna(subset=["eval/ppl"]) if "eval/ppl" in log else log.iloc[:0]
+        start = reference.get(f"init_{mode}")  # the k-means initialisation, scored in the mode the curve is in
+        steps = ([0] if start is not None else []) + evals["step"].tolist()
+        values = ([start] if start is not None else []) + evals["eval/ppl"].tolist()
+        curves.plot(steps, values, marker="o", markersize=3, label=f"{variant} ({mode})")
+    if pretrained is not None:
+        curves.axhline(pretrained, color="black", linestyle="--", label="pretrained")
+    curves.set(title="validation perplexity while training (in the mode each objective trains)", xlabel="step",
+               ylabel="perplexity")
+    curves.legend(fontsize="small")
+
+    designs = frame[frame["design"] != PRETRAINED]
+    columns = [c for c in (f"{domain}_validation_soft", f"{domain}_validation_hard") if c in designs]
+    if columns:
+        designs.set_index("design")[columns].rename(columns=lambda c: c.rsplit("_", 1)[1]).plot.bar(ax=bars, rot=20)
+        base = frame.loc[frame["design"] == PRETRAINED, f"{domain}_validation"]
+        if len(base) and pd.notna(base.iloc[0]):
+            bars.axhline(base.iloc[0], color="black", linestyle="--", label="pretrained")
+            low = min(designs[columns].min().min(), base.iloc[0])
+            bars.set_ylim(low * 0.95, designs[columns].max().max() * 1.02)
+        bars.set(title=f"{domain} validation perplexity", xlabel="", ylabel="perplexity")
+        bars.legend(fontsize="small")
+    save_figure(fig, figure)
+
+
+def write_study(
+    model: str,
+    variants: dict[str, dict],
+    domain: str,
+    summaries: list[str | Path],
+    metrics: list[str | Path],
+    validation: list[str | Path],
+    test: list[str | Path],
+    table: str | Path,
+    figure: str | Path,
+    long_context: list[str | Path] = (),
+    needle: list[str | Path] = (),
+    interpret: list[str | Path] = (),
+) -> pd.DataFrame:
+    """Write tables/study.csv (and .md) and the curves figure (PNG and SVG); returns the table."""
+    frame = study_frame(model, variants, domain, summaries, validation, test, long_context, needle, interpret)
+    write_text(table, frame.to_csv(index=False))
+    write_text(Path(table).with_suffix(".md"), markdown_table(frame, ".4g") + "\n")
+    plot_study_curves(frame, _of_model(metrics, model), _of_model(summaries, model), domain, figure)
+    return frame

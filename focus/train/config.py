@@ -1,0 +1,85 @@
+"""TrainConfig: how the trainable parameters are optimized, logged, evaluated and checkpointed."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from focus.config import ConfigError, check_types, from_dict
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How the trainable parameters are optimized, logged, evaluated and checkpointed."""
+
+    steps: int = field(default=1000, metadata={"help": "Total optimizer steps of the run."})
+    batch_size: int = field(default=8, metadata={"help": "Sequences per optimizer step."})
+    lr: float = field(
+        default=1e-3, metadata={"help": "Peak AdamW learning rate (centroids tolerate a high one)."}
+    )
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW decoupled weight decay."})
+    warmup_steps: int = field(
+        default=0, metadata={"help": "Linear warmup from lr/warmup_steps to lr over this many steps."}
+    )
+    schedule: Literal["constant", "cosine"] = field(
+        default="cosine", metadata={"help": "LR after warmup: constant, or cosine decay to lr * min_lr_ratio."}
+    )
+    min_lr_ratio: float = field(
+        default=0.1, metadata={"help": "Cosine schedule: final LR as a fraction of lr."}
+    )
+    grad_clip: float = field(
+        default=1.0, metadata={"help": "Clip the global gradient norm to this value (0 disables)."}
+    )
+    seed: int = field(
+        default=0, metadata={"help": "Seeds the batch order and the global RNGs at the start of a run."}
+    )
+    log_every: int = field(
+        default=10, metadata={"help": "Append a train line to metrics.jsonl every this many steps (and at the end)."}
+    )
+    checkpoint_every: int = field(
+        default=100, metadata={"help": "Write checkpoint.pt every this many steps (0 = only at the end)."}
+    )
+    eval_every: int = field(
+        default=0,
+        metadata={"help": "Evaluate eval_data every this many steps (0 = only at the end; never without eval_data)."},
+    )
+    eval_batch_size: int = field(default=8, metadata={"help": "Sequences per forward pass during evaluation."})
+    balance_weight: float = field(
+        default=0.0,
+        metadata={"help": "Weight of the optional aux_loss(model) term added to the loss (needs aux_loss)."},
+    )
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        for name in ("steps", "batch_size", "log_every", "eval_batch_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("warmup_steps", "checkpoint_every", "eval_every", "seed"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"TrainConfig.{name} must be >= 0, got {getattr(self, name)}")
+        # `not x >= 0` also rejects NaN, which every plain comparison lets through.
+        for name in ("weight_decay", "grad_clip", "balance_weight"):
+            if not getattr(self, name) >= 0:
+                raise ConfigError(f"TrainConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ConfigError(f"TrainConfig.lr must be a finite number > 0, got {self.lr}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError(f"TrainConfig.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if self.warmup_steps > self.steps:
+            raise ConfigError(
+                f"TrainConfig.warmup_steps ({self.warmup_steps}) must be <= steps ({self.steps})"
+            )
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
+        return from_dict(cls, values)
+
+    def lr_factor(self, step: int) -> float:
+        """LR multiplier for the optimizer step that follows `step` completed steps (0-based)."""
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        if self.schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - self.warmup_steps) / max(1, self.steps - self.warmup_steps))
+        return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))

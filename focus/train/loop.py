@@ -1,0 +1,388 @@
+"""Train the trainable parameters of a frozen causal LM (the Focus centroids) with a resumable loop.
+
+The loop is generic: it optimizes exactly the parameters with `requires_grad=True` (after
+`focus.apply_focus` those are the centroids) with AdamW on next-token cross-entropy, and nothing else.
+
+Guarantees, in order of how much they cost to get right:
+- Resume is exact. A run killed at any point and restarted with the same arguments ends with
+  bit-identical trainable parameters and buffers to an uninterrupted run (same device and thread count). The batch
+  order is never stored: batch b is a slice of epoch e's permutation, drawn from a generator seeded
+  from (seed, e), so it is recomputed after a resume.
+- `output_dir` holds two files: `metrics.jsonl` (the record, one JSON object per logged step, no
+  duplicates across resumes) and `checkpoint.pt` (always complete: written to a temp file, then
+  renamed). A finished run re-run is a no-op that reloads the final parameters and returns its metrics.
+- The frozen network runs in eval mode throughout, so dropout never perturbs it.
+- Checkpoints hold the trainable parameters and every persistent buffer: modules may keep training
+  state in buffers (Focus keeps the running group bias its inference routing uses there), and a resume
+  that lost it would end with the same centroids but a different model.
+- Data parallel when torch.distributed is initialised with several processes (the model sharded with
+  `focus.distributed.shard_model`, or replicated): each process scores an equal share of every global batch,
+  so the averaged gradient, the logged losses and the evaluation equal a single-process run's up to float
+  rounding. Process 0 alone writes `output_dir`, whole (gathered) tensors in the single-process format, so a
+  checkpoint resumes on any number of processes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from focus.attention.recall import collect_recall_loss
+from focus.distributed import average_across_processes, barrier, full_state, is_sharded, rank_and_world
+from focus.models import check_context_length, input_device
+from focus.train.checkpoint import (
+    CHECKPOINT_NAME,
+    LogWindow,
+    data_fingerprint,
+    load_checkpoint,
+    restore_checkpoint,
+    save_checkpoint,
+    truncate_metrics,
+)
+from focus.train.config import TrainConfig
+
+_log = logging.getLogger(__name__)
+METRICS_NAME = "metrics.jsonl"
+
+
+def next_token_loss(logits: torch.Tensor, input_ids: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Next-token cross-entropy in float32.
+
+    Args:
+        logits: (B, L, V) model outputs for `input_ids`.
+        input_ids: (B, L) tokens; position t predicts token t + 1, so B * (L - 1) tokens are scored.
+        reduction: "mean" (per scored token) or "sum".
+    Returns:
+        A scalar tensor.
+    """
+    vocab = logits.shape[-1]
+    # float32 so a bf16 model's loss (a log-sum-exp over the vocabulary) is not rounded to 3 digits.
+    shifted = logits[:, :-1].float().reshape(-1, vocab)  # (B * (L - 1), V)
+    targets = input_ids[:, 1:].reshape(-1).long()  # (B * (L - 1),); cross_entropy wants int64
+    return F.cross_entropy(shifted, targets, reduction=reduction)
+
+
+@torch.no_grad()
+def evaluate_loss(model: nn.Module, data: torch.Tensor, batch_size: int = 8) -> float:
+    """Mean next-token cross-entropy (nats per scored token) of `model` over `data`.
+
+    Run distributed (every process calls it with the same `data`), each process scores rows rank, rank + world, ...
+    and the sums are added up across processes.
+
+    Args:
+        model: a Hugging Face causal LM; put in eval mode and left there.
+        data: (N, L) integer token ids, L >= 2, evaluated `batch_size` sequences at a time.
+    """
+    if batch_size < 1:
+        raise ValueError(f"evaluate_loss batch_size must be >= 1, got {batch_size}")
+    _check_tokens("eval_data", data, model, min_rows=1)
+    model.eval()
+    device = input_device(model)
+    rank, world = rank_and_world()
+    rows = data[rank::world]
+    total = 0.0  # a Python float: float64 sums on every device (MPS has no float64 tensors)
+    # The same number of forward passes on every process: a sharded model gathers each layer with all of them.
+    for start in range(0, -(-data.shape[0] // world), batch_size):
+        chunk = rows[start : start + batch_size].to(device)  # (b, L)
+        scored = chunk.shape[0] > 0
+        if not scored:  # this process ran out of rows (N % world of them have one fewer): a pass to keep in step
+            chunk = data[:1].to(device)
+        logits = model(input_ids=chunk, use_cache=False).logits  # (b, L, V)
+        if scored:
+            total += next_token_loss(logits, chunk, reduction="sum").item()
+    if world > 1:
+        summed = torch.tensor(total, dtype=torch.float64, device=device)
+        torch.distributed.all_reduce(summed)
+        total = summed.item()
+    return total / (data.shape[0] * (data.shape[1] - 1))
+
+
+def train_parameters(
+    model: nn.Module,
+    data: torch.Tensor,
+    config: TrainConfig,
+    output_dir: str | Path,
+    eval_data: torch.Tensor | None = None,
+    aux_loss: Callable[[nn.Module], torch.Tensor] | None = None,
+    progress: bool = True,
+    on_log: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Train the parameters of `model` that require grad (the Focus centroids, LoRA adapters, or every weight); resume from `output_dir` if it holds a checkpoint.
+
+    Each step scores one batch of `config.batch_size` sequences. Epoch e visits a permutation of the N
+    sequences drawn from a generator seeded from (seed, e), in N // batch_size full batches; the
+    N % batch_size sequences left over differ from epoch to epoch.
+
+    Args:
+        model: a Hugging Face causal LM whose only parameters with requires_grad=True are the ones to
+            train (for example after `focus.apply_focus`). It is put in eval mode and left there, and
+            on return holds the trained values.
+        data: (N, L) integer token ids, N >= batch_size, L >= 2, on any device (batches are moved to
+            the model's device).
+        config: the TrainConfig of the run. Resuming demands the same values, except for the fields
+            that only control logging, checkpoints and evaluation.
+        output_dir: created if missing; receives `metrics.jsonl` and `checkpoint.pt` (from process 0 only when
+            running distributed; every process must call this function with the same arguments).
+        eval_data: optional (M, L') token ids, scored every `eval_every` steps and after the last step
+            (keys `eval/loss`, `eval/ppl`).
+        aux_loss: optional `aux_loss(model) -> scalar tensor`, called right after each training forward
+            pass (so it can read what the forward left on the modules, such as routing assignments).
+            It is logged as `train/aux_loss` and `balance_weight * aux_loss` is added to the loss.
+        progress: show a tqdm bar with the loss.
+        on_log: optional callback given each record right after it is appended to `metrics.jsonl`
+            (to mirror the record elsewhere, such as W&B).
+    Returns:
+        The record of the final step: `step`, `train/loss` (mean over the steps since the previous
+        train line), `train/lr` (used by this step), `train/grad_norm` (before clipping of this step),
+        `train/tokens` (step * batch_size * L), `time/step_seconds` (wall time per step since the
+        previous train line), plus `train/aux_loss` and `eval/loss`, `eval/ppl` where they apply.
+    Raises:
+        ValueError: no trainable parameters, malformed data, or a batch_size that the processes cannot share
+            equally; nothing is written.
+        CheckpointError: `output_dir/checkpoint.pt` was written for other parameters, data or config.
+    """
+    run = _set_up(model, data, config, eval_data, aux_loss)
+    output_dir = Path(output_dir)
+    checkpoint = output_dir / CHECKPOINT_NAME
+    # Read (and check) any checkpoint before touching output_dir, so a refused resume changes nothing.
+    state = load_checkpoint(checkpoint, run.trainable, run.buffers, config, run.fingerprint) if checkpoint.exists() else None
+    barrier()  # every process has read the checkpoint before process 0 changes output_dir
+    model.eval()
+    if state is None:
+        start_step, window = 0, LogWindow()
+        torch.manual_seed(config.seed)
+        random.seed(config.seed)
+        np.random.seed(config.seed)
+    else:
+        start_step, window = restore_checkpoint(state, run.trainable, run.buffers, run.optimizer, run.scheduler)
+        _log.info("resuming from %s at step %d of %d", checkpoint, start_step, config.steps)
+        if start_step == config.steps:
+            return dict(state["final_metrics"])
+
+    rank, world = rank_and_world()
+    if rank == 0:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        for name in (CHECKPOINT_NAME, METRICS_NAME):  # temp files of a run killed while writing them
+            (output_dir / f"{name}.tmp").unlink(missing_ok=True)
+        truncate_metrics(output_dir / METRICS_NAME, start_step)
+    device = input_device(model)
+    batches = _Batches(data, config)
+    record: dict[str, Any] = {}
+    bar = tqdm(total=config.steps, initial=start_step, desc="train", disable=not (progress and rank == 0), dynamic_ncols=True)
+    metrics_file = open(output_dir / METRICS_NAME, "a", encoding="utf-8") if rank == 0 else None
+    try:
+        tic = time.perf_counter()
+        for step in range(start_step + 1, config.steps + 1):
+            batch = batches.rows(step)[rank::world]  # (B / world, L): this process's share of the batch
+            lr = run.optimizer.param_groups[0]["lr"]
+            ce, aux, recall, grad_norm = _optimizer_step(model, data[batch].to(device), run, config, aux_loss)
+            window.add(ce, aux, recall)
+            bar.update(1)
+
+            record = {"step": step}
+            if step % config.log_every == 0 or step == config.steps:
+                record.update(_train_record(window, step, lr, grad_norm, config, data.shape[1], aux_loss is not None, tic))
+                bar.set_postfix(loss=f"{record['train/loss']:.4f}")
+                window = LogWindow()
+            is_eval_step = config.eval_every > 0 and step % config.eval_every == 0
+            if eval_data is not None and (is_eval_step or step == config.steps):
+                eval_loss = evaluate_loss(model, eval_data, config.eval_batch_size)
+                record["eval/loss"] = eval_loss
+                record["eval/ppl"] = math.exp(min(eval_loss, 700.0))  # exp overflows float64 past ~709
+            if len(record) > 1 and metrics_file is not None:
+                metrics_file.write(json.dumps(record) + "\n")
+                metrics_file.flush()
+                if on_log is not None:
+                    on_log(record)
+            # The line of a step is written before its checkpoint: lines past a checkpoint's step are
+            # exactly the ones a resume from it must drop.
+            is_ckpt_step = config.checkpoint_every > 0 and step % config.checkpoint_every == 0
+            if is_ckpt_step or step == config.steps:
+                save_checkpoint(
+                    checkpoint,
+                    step=step,
+                    trainable=run.trainable,
+                    buffers=run.buffers,
+                    optimizer=run.optimizer,
+                    scheduler=run.scheduler,
+                    window=window,
+                    config=config,
+                    fingerprint=run.fingerprint,
+                    final_metrics=record if step == config.steps else None,
+                )
+            if "train/loss" in record:
+                tic = time.perf_counter()
+    finally:
+        if metrics_file is not None:
+            metrics_file.close()
+        bar.close()
+    return record
+
+
+@dataclass
+class _Run:
+    """What a run optimizes and how, set up (and every input checked) before anything is read or written."""
+
+    trainable: list[tuple[str, nn.Parameter]]
+    buffers: list[tuple[str, torch.Tensor]]  # the persistent ones: what the model's state_dict holds
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    fingerprint: str
+
+    @property
+    def params(self) -> list[nn.Parameter]:
+        return [p for _, p in self.trainable]
+
+
+def _set_up(
+    model: nn.Module,
+    data: torch.Tensor,
+    config: TrainConfig,
+    eval_data: torch.Tensor | None,
+    aux_loss: Callable[[nn.Module], torch.Tensor] | None,
+) -> _Run:
+    if not isinstance(config, TrainConfig):
+        raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
+    trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    persistent = model.state_dict(keep_vars=True).keys()  # no copies: keep_vars returns the tensors
+    buffers = [(name, b) for name, b in model.named_buffers() if name in persistent]
+    if not trainable:
+        raise ValueError(
+            "model has no parameters with requires_grad=True to train; call focus.apply_focus(model, ...) first"
+        )
+    _check_tokens("data", data, model, min_rows=config.batch_size)
+    if eval_data is not None:
+        _check_tokens("eval_data", eval_data, model, min_rows=1)
+    if config.balance_weight > 0 and aux_loss is None:
+        raise ValueError(f"TrainConfig.balance_weight={config.balance_weight} needs an aux_loss callable")
+    world = rank_and_world()[1]
+    if config.batch_size % world:
+        raise ValueError(
+            f"TrainConfig.batch_size={config.batch_size} is not a multiple of the {world} processes: each scores an "
+            "equal share of every batch, so that their averaged gradient is the whole batch's"
+        )
+    optimizer = torch.optim.AdamW([p for _, p in trainable], lr=config.lr, weight_decay=config.weight_decay)
+    # A plain lambda: LambdaLR then keeps only its step count in state_dict, which is all we need.
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda done: config.lr_factor(done))
+    return _Run(trainable, buffers, optimizer, scheduler, data_fingerprint(data))
+
+
+class _Batches:
+    """Which rows each step trains on: step s is a slice of its epoch's permutation, recomputed, never stored."""
+
+    def __init__(self, data: torch.Tensor, config: TrainConfig):
+        self.rows_count, self.batch_size, self.seed = data.shape[0], config.batch_size, config.seed
+        self.per_epoch = self.rows_count // self.batch_size
+        self.epoch, self.permutation = -1, None
+
+    def rows(self, step: int) -> torch.Tensor:
+        """The (B,) row indices of 1-based `step`."""
+        epoch, slot = divmod(step - 1, self.per_epoch)
+        if epoch != self.epoch:
+            self.epoch, self.permutation = epoch, _epoch_permutation(self.seed, epoch, self.rows_count)
+        return self.permutation[slot * self.batch_size : (slot + 1) * self.batch_size]
+
+
+def _train_record(
+    window: LogWindow, step: int, lr: float, grad_norm: torch.Tensor, config: TrainConfig, seq_len: int,
+    has_aux: bool, tic: float,
+) -> dict[str, float]:
+    """The train line of a logged step: means over the steps since the previous one."""
+    train_loss = window.loss_sum / window.steps
+    if not math.isfinite(train_loss):
+        raise FloatingPointError(f"train/loss is {train_loss} at step {step}; lower TrainConfig.lr")
+    record = {"train/loss": train_loss}
+    if has_aux:
+        record["train/aux_loss"] = window.aux_sum / window.steps
+    if math.isfinite(window.recall_sum):
+        record["train/recall_loss"] = window.recall_sum / window.steps
+    record["train/lr"] = lr
+    record["train/grad_norm"] = float(grad_norm)
+    record["train/tokens"] = step * config.batch_size * seq_len
+    record["time/step_seconds"] = (time.perf_counter() - tic) / window.steps
+    return record
+
+
+def _optimizer_step(
+    model: nn.Module,
+    batch: torch.Tensor,
+    run: _Run,
+    config: TrainConfig,
+    aux_loss: Callable[[nn.Module], torch.Tensor] | None,
+) -> tuple[float, float, float, torch.Tensor]:
+    """One AdamW step (and schedule step) on `batch` (B, L); returns (cross-entropy, aux loss or 0, recall loss or NaN, pre-clip grad
+    norm). Under Focus's attention-recall objective (`focus.attention.recall`) the recall loss replaces the cross-entropy,
+    which is then the unmodified model's.
+
+    Distributed, `batch` is this process's equal share of the global batch and the losses returned are means over
+    the processes; so is the gradient (FSDP averages sharded ones as it reduce-scatters them, plain ones are
+    averaged here), which makes it the global batch's, and its norm (for clipping) the global norm.
+    """
+    logits = model(input_ids=batch, use_cache=False).logits  # (B, L, V)
+    ce = next_token_loss(logits, batch)
+    recall = collect_recall_loss(model)  # Focus's attention-recall objective: it replaces the next-token loss
+    loss, aux = ce if recall is None else recall, 0.0
+    if aux_loss is not None:
+        aux_value = aux_loss(model)
+        aux = aux_value.detach().float().item()
+        if config.balance_weight > 0:
+            loss = loss + config.balance_weight * aux_value
+    loss.backward()
+    params = run.params
+    for p in params:
+        if p.grad is not None and not is_sharded(p.grad):
+            average_across_processes(p.grad)  # nothing when not distributed
+    if config.grad_clip > 0:
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
+    else:
+        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+    run.optimizer.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    run.scheduler.step()
+    ce_value = ce.detach().item()
+    recall_value = math.nan if recall is None else recall.detach().item()
+    if rank_and_world()[1] > 1:
+        values = torch.tensor([ce_value, aux, recall_value], dtype=torch.float64, device=ce.device)
+        ce_value, aux, recall_value = average_across_processes(values).tolist()
+    return ce_value, aux, recall_value, full_state(grad_norm)
+
+
+def _epoch_permutation(seed: int, epoch: int, n: int) -> torch.Tensor:
+    """(n,) permutation for `epoch`, a pure function of (seed, epoch, n): resuming needs no stored order."""
+    # Hash rather than e.g. seed * K + epoch, so (seed, epoch) pairs never collide. The prefix is the module's name
+    # when the order was set: kept, so that runs (and their resumes) see the same batches as before.
+    digest = hashlib.sha256(f"focus.training/{seed}/{epoch}".encode()).digest()
+    generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+    return torch.randperm(n, generator=generator)
+
+
+def _check_tokens(name: str, data: Any, model: nn.Module, min_rows: int) -> None:
+    integer = isinstance(data, torch.Tensor) and not (data.is_floating_point() or data.is_complex())
+    if not integer or data.ndim != 2 or data.dtype == torch.bool:
+        desc = f"{type(data).__name__} {getattr(data, 'dtype', '')} of shape {tuple(getattr(data, 'shape', ()))}"
+        raise ValueError(f"{name} must be an integer tensor of shape (N, L), got {desc}")
+    rows, length = data.shape
+    if length < 2:
+        raise ValueError(f"{name} needs sequences of length L >= 2 to predict a next token, got L={length}")
+    if rows < min_rows:
+        raise ValueError(f"{name} has {rows} sequences, fewer than one batch of {min_rows}")
+    check_context_length(model, length)  # beyond it GPT-2 fails deep in an index, rotary models train out of range
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    vocab = getattr(embeddings, "num_embeddings", None)
+    if vocab is not None and (int(data.min()) < 0 or int(data.max()) >= vocab):
+        raise ValueError(
+            f"{name} holds token ids in [{int(data.min())}, {int(data.max())}], outside the model's vocabulary [0, {vocab})"
+        )

@@ -1,0 +1,114 @@
+"""The plan of `focus/`: imports run one way through the wings README's module table lists, with no loop, and no
+module grows past the size the house style names."""
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "focus"
+MAX_LINES = 550
+# Lowest first: a module may import its own wing and the wings before it. The train and eval wings sit side by side
+# and do not import each other.
+WINGS = (
+    {"core": ("focus.version", "focus.config", "focus.files", "focus.artifacts", "focus.provenance", "focus.models",
+              "focus.data", "focus.distributed", "focus.attention")},
+    {"retrofit": ("focus.retrofit", "focus.adapter", "focus.hub", "focus.__init__")},
+    {"train": ("focus.train",), "eval": ("focus.eval",)},
+    {"pipeline": ("focus.pipeline",)},
+    {"report": ("focus.report",)},
+    {"command": ("focus.cli",)},
+)
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The focus modules `name` imports anywhere in its body (deferred imports in functions too)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parent + ([node.module] if node.module else []))
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names]
+        elif isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        else:
+            continue
+        found.update(target for target in targets if target in known and target != name)
+    return found
+
+
+def wing(name: str) -> tuple[int, str]:
+    key = "focus.__init__" if name == "focus" else name
+    for level, rooms in enumerate(WINGS):
+        for room, prefixes in rooms.items():
+            if any(key == prefix or key.startswith(prefix + ".") for prefix in prefixes):
+                return level, room
+    raise AssertionError(f"{name} is in no wing: add it to WINGS and to README's module table")
+
+
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: imports(name, path, known) for name, path in known.items()}
+
+
+def test_every_import_runs_down_the_wings():
+    wrong = []
+    for name, targets in graph().items():
+        level, room = wing(name)
+        for target in sorted(targets):
+            target_level, target_room = wing(target)
+            if target_level > level or (target_level == level and target_room != room):
+                wrong.append(f"{name} ({room}) imports {target} ({target_room})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_import_loop():
+    edges, loops = graph(), []
+    state: dict[str, str] = {}
+
+    def visit(name: str, trail: list[str]) -> None:
+        state[name] = "open"
+        for target in sorted(edges[name]):
+            if state.get(target) == "open":
+                loops.append(" -> ".join(trail[trail.index(target):] + [target]))
+            elif target not in state:
+                visit(target, trail + [target])
+        state[name] = "done"
+
+    for name in sorted(edges):
+        if name not in state:
+            visit(name, [name])
+    assert not loops, "\n".join(loops)
+
+
+def test_no_module_past_the_house_size():
+    long = {name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert not long, long
+
+
+def test_the_checks_see_a_loop_and_an_upward_import(tmp_path, monkeypatch):
+    """The checks above are not vacuous: a planted loop between two core modules and an import of the report wing
+    from the core are both reported."""
+    known = {"focus.config": tmp_path / "config.py", "focus.files": tmp_path / "files.py",
+             "focus.report.claims": tmp_path / "claims.py"}
+    known["focus.config"].write_text("from focus.files import atomic_write\nfrom focus.report import claims\n")
+    known["focus.files"].write_text("def f():\n    from focus.config import FocusConfig\n")
+    known["focus.report.claims"].write_text("")
+    monkeypatch.setitem(globals(), "modules", lambda: known)
+    assert graph() == {"focus.config": {"focus.files", "focus.report.claims"}, "focus.files": {"focus.config"},
+                       "focus.report.claims": set()}
+    for check in (test_every_import_runs_down_the_wings, test_no_import_loop):
+        try:
+            check()
+        except AssertionError:
+            continue
+        raise AssertionError(f"{check.__name__} missed what was planted")
