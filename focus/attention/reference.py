@@ -1,4 +1,5 @@
-"""The Focus attention pattern, defined densely: the oracle every fast path is tested against.
+"""The Focus attention pattern, defined densely: the oracle every fast path is tested against, and the dense masked
+path that computes whatever no fast path can (gradients, soft mode, soft-capping, short model windows).
 
 A query i may attend to key j when the model allows it (causal, padding, its own sliding window) and
   - local: 0 <= pos(i) - pos(j) < window, at full resolution; or
