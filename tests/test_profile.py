@@ -1,6 +1,9 @@
 """Pipeline profiles: the shipped ones resolve; each kind of bad profile is one ConfigError line naming the key."""
 
 import copy
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -29,6 +32,21 @@ def test_tiny_profile_resolves_every_model_variant_and_method():
     gpt2 = profile["models"]["tiny-gpt2"]
     assert gpt2["centroids"]["steps"] == 10
     assert gpt2["full_finetune"]["steps"] == 10 and gpt2["full_finetune"]["lr"] == 3e-5
+
+
+def test_validating_a_profile_imports_neither_torch_nor_transformers():
+    """Snakemake validates the profile whenever it starts (a dry run, a reviewer's single rule): a fifth of a second,
+    where importing torch and transformers would add about four."""
+    code = (
+        "import sys, yaml\n"
+        "from focus.pipeline.profile import resolve_profile\n"
+        f"resolve_profile(yaml.safe_load(open({str(ROOT / 'configs' / 'tiny.yaml')!r})), "
+        f"yaml.safe_load(open({str(ROOT / 'workflow' / 'schemas' / 'config.schema.yaml')!r})))\n"
+        "print(sorted(name for name in ('torch', 'transformers', 'pandas') if name in sys.modules))"
+    )
+    environ = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    result = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]", result.stdout
 
 
 def test_paper_profile_resolves_with_hub_access(monkeypatch):
@@ -175,7 +193,7 @@ def test_offline_hub_model_not_in_cache_is_refused(monkeypatch):
 
 
 def test_the_packaged_models_position_limit_is_read_without_converting_it(tmp_path, monkeypatch):
-    from focus.models import PACKAGED_SMOLLM2, position_limit
+    from focus.sources import PACKAGED_SMOLLM2, position_limit
 
     monkeypatch.setenv("FOCUS_CACHE", str(tmp_path))  # nothing converted here: the GGUF's metadata answers
     assert position_limit(PACKAGED_SMOLLM2) == 8192

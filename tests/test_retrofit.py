@@ -20,8 +20,9 @@ from focus import (
     set_focus_mode,
 )
 from focus.attention.routing import undo_rotary
-from focus.models import TINY_FAMILIES, tiny_model
+from focus.models import tiny_model
 from focus.retrofit import attention_modules
+from focus.sources import TINY_FAMILIES
 
 LENGTH = 24
 

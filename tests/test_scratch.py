@@ -22,7 +22,8 @@ from focus.pipeline.jobs import TrainingJob
 from focus.pipeline.profile import resolve_profile
 from focus.pipeline.scratch import train_from_scratch
 from focus.report.scratch import summarize_scratch
-from focus.train.scratch import ScratchModel, build_model, unigram_loss
+from focus.train.config import ScratchModel
+from focus.train.scratch import build_model, unigram_loss
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = yaml.safe_load((ROOT / "workflow" / "schemas" / "config.schema.yaml").read_text())

@@ -5,6 +5,7 @@
     harness         lm-evaluation-harness tasks on a live model (offline mirror or hub)
     ruler           RULER's long-context tasks through lm-eval
     diagnostics     how much of the pretrained attention a Focus pattern keeps, and the selection oracle
+    config          InterpretConfig, the interpretability settings a profile states (torch-free)
     interpret       group balance, contents and alignment with token labels
     categories      the token categories interpretability labels tokens with
     interpret_plots the figures and example page of the interpretability tables

@@ -7,6 +7,7 @@
     scratch    the from-scratch comparison's training stage
     interpret  the interpretability stage
     benchmark  the speed benchmark stages (attention, prefill, decoding)
+    tracking   Weights & Biases mirroring of training runs, tables and figures
 
 Each Snakemake rule's script is one call into this wing (after `start_job`).
 """

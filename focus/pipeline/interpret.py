@@ -10,10 +10,10 @@ import torch
 from focus.adapter import load_focus
 from focus.config import to_dict
 from focus.eval.categories import CATEGORIES, CATEGORY_NAMES, categorise, token_texts
+from focus.eval.config import InterpretConfig
 from focus.eval.diagnostics import distant_attention_recall
 from focus.eval.interpret import (
     ROUTINGS,
-    InterpretConfig,
     analyse,
     held_out_rows,
     resolve_layers,

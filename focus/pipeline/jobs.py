@@ -1,11 +1,9 @@
-"""What every pipeline job shares: its log, the token files, the training rows and the resumable training run."""
+"""What every training job shares: the token files, the training rows and the resumable training run."""
 
 from __future__ import annotations
 
 import logging
-import os
 import shutil
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +17,7 @@ from focus.data import chunk_tokens
 from focus.distributed import barrier, is_main_process, rank_and_world
 from focus.files import write_json
 from focus.models import load_model
+from focus.pipeline.tracking import WandbTarget, log_training_run
 from focus.provenance import provenance
 from focus.train.checkpoint import CHECKPOINT_NAME, CheckpointError
 from focus.train.config import TrainConfig
@@ -26,17 +25,6 @@ from focus.train.loop import METRICS_NAME, train_parameters
 
 _log = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def start_job(log: str | Path, threads: int) -> None:
-    """Send this job's stdout, stderr (progress bars) and logging to `log`, and use `threads` torch threads."""
-    stream = open(log, "w", buffering=1)  # line-buffered: `tail -f` shows progress as it happens
-    # The file descriptors too: output from C++ (NCCL) and from the processes of a multi-GPU job goes there as well.
-    os.dup2(stream.fileno(), 1)
-    os.dup2(stream.fileno(), 2)
-    sys.stdout = sys.stderr = stream
-    logging.basicConfig(level=logging.INFO, stream=stream, format="%(asctime)s %(name)s: %(message)s", force=True)
-    torch.set_num_threads(threads)
 
 
 def read_tokens(path: str | Path, split: str) -> torch.Tensor:
@@ -65,7 +53,7 @@ class TrainingJob:
     `calibration_rows` initialise the Focus centroids by k-means and no method trains on them, so that every method
     trains on identical batches; then at most `train_rows` rows (None: all) are trained on. The first `eval_rows`
     rows of the validation split are scored during training. `train` holds TrainConfig fields; `metrics` (JSON
-    lines) and `summary` (JSON) are the job's records.
+    lines) and `summary` (JSON) are the job's records, which `finish` mirrors to W&B where `wandb` says.
     """
 
     tokens: str | Path
@@ -77,13 +65,17 @@ class TrainingJob:
     train_rows: int | None = None
     eval_rows: int = 0
     progress: bool = True
+    wandb: WandbTarget | None = None
 
     @classmethod
-    def from_rule(cls, snakemake: Any, **changes: Any) -> "TrainingJob":
+    def from_rule(cls, snakemake: Any, labels: dict[str, str] | None = None, **changes: Any) -> "TrainingJob":
         """The job of a training rule: `params.rows` (seq_len and the row counts) and `params.train`, the tokens
-        input and the metrics and summary outputs."""
+        input, the metrics and summary outputs, and its W&B run (`output.wandb`, `params.wandb`, `params.group`)
+        named by `labels` (default: the rule's wildcards)."""
+        wandb = WandbTarget(snakemake.output.wandb, snakemake.params.wandb, snakemake.params.group,
+                            dict(snakemake.wildcards) if labels is None else labels)
         return cls(**snakemake.params.rows, train=snakemake.params.train, tokens=snakemake.input.tokens,
-                   metrics=snakemake.output.metrics, summary=snakemake.output.summary, **changes)
+                   metrics=snakemake.output.metrics, summary=snakemake.output.summary, wandb=wandb, **changes)
 
     def config(self, **changes: Any) -> TrainConfig:
         return TrainConfig.from_dict({**self.train, **changes})
@@ -141,10 +133,13 @@ class TrainingJob:
         }
 
     def finish(self, source: str, record: dict) -> dict:
-        """Write the training summary, then remove the run folder: its checkpoint has served its purpose."""
+        """Write the training summary, remove the run folder (its checkpoint has served its purpose), and mirror the
+        metrics and summary to W&B."""
         record.update(source=source, provenance=provenance())
         if is_main_process():
             write_json(self.summary, record)
             shutil.rmtree(self.run_dir, ignore_errors=True)
+            if self.wandb is not None:
+                log_training_run(self.wandb, record, self.metrics)
         barrier()
         return record

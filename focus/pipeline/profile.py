@@ -14,10 +14,11 @@ from typing import Any
 
 from focus.config import ConfigError, FocusConfig, to_dict, yaml_number_hint
 from focus.data import MirrorError, corpus_location, verify_mirror_file
+from focus.eval.config import InterpretConfig
 from focus.eval.harness import mirror_task_files
-from focus.models import PACKAGED_SMOLLM2, TINY_FAMILIES, TINY_PREFIX, position_limit
 from focus.pipeline.methods import FULL_FINETUNE, MODES, PRETRAINED, lora_name, method_variant
-from focus.train.config import TrainConfig
+from focus.sources import PACKAGED_SMOLLM2, TINY_FAMILIES, TINY_PREFIX, position_limit
+from focus.train.config import ScratchModel, TrainConfig
 
 _HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
@@ -142,8 +143,6 @@ def _study_dict(study: dict[str, Any], variants: dict[str, Any], models: dict[st
 
 def _interpret_dict(section: dict[str, Any], models: dict[str, Any]) -> dict[str, Any]:
     """The `interpret` section resolved: `models` (default all) plus every InterpretConfig field."""
-    from focus.eval.interpret import InterpretConfig  # deferred: pandas and plotting helpers only the stage needs
-
     chosen = _section_models("interpret", section, models)
     try:
         fields = InterpretConfig.from_dict({k: v for k, v in section.items() if k != "models"})
@@ -288,8 +287,6 @@ def _check_data(config: dict[str, Any]) -> None:
 def _scratch_dict(section: dict[str, Any], domains: dict[str, list[str]]) -> dict[str, Any]:
     """The `scratch` section resolved: defaults filled in, the model shape, TrainConfig (without seed) and FocusConfig
     complete, the window shorter than the sequence, and the corpus splits the stage reads listed."""
-    from focus.train.scratch import ScratchModel  # deferred, as the stage's other imports
-
     resolved = {"tokenizer": PACKAGED_SMOLLM2, "domain": "books", "calibration_rows": 4, "train_rows": None, **section}
     try:
         _check_source("scratch", resolved["tokenizer"])

@@ -6,5 +6,4 @@
     study       the design study's table and figure
     scratch     the from-scratch comparison's table, figure and summary
     claims      the paper's claims against this profile's results
-    tracking    Weights & Biases mirroring of the artifacts
 """

@@ -1,4 +1,5 @@
-"""TrainConfig: how the trainable parameters are optimized, logged, evaluated and checkpointed."""
+"""TrainConfig: how the trainable parameters are optimized, logged, evaluated and checkpointed; ScratchModel: the shape
+of the model the from-scratch comparison trains. Free of torch: the profile validates both when Snakemake starts."""
 
 from __future__ import annotations
 
@@ -83,3 +84,35 @@ class TrainConfig:
             return 1.0
         progress = min(1.0, (step - self.warmup_steps) / max(1, self.steps - self.warmup_steps))
         return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+@dataclass(frozen=True)
+class ScratchModel:
+    """Shape of the Llama-style decoder trained from scratch. The vocabulary is the tokenizer's; embeddings are tied."""
+
+    layers: int = field(default=4, metadata={"help": "Decoder layers."})
+    hidden: int = field(default=128, metadata={"help": "Hidden size (heads x head size)."})
+    heads: int = field(default=4, metadata={"help": "Query heads."})
+    kv_heads: int = field(default=2, metadata={"help": "Key/value heads (grouped-query attention; = heads for MHA)."})
+    ffn: int | None = field(
+        default=None, metadata={"help": "MLP inner size; default 8/3 x hidden rounded up to a multiple of 64."}
+    )
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        for name in ("layers", "hidden", "heads", "kv_heads", "ffn"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"ScratchModel.{name} must be >= 1, got {value}")
+        if self.hidden % self.heads:
+            raise ConfigError(f"ScratchModel.hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
+        if self.heads % self.kv_heads:
+            raise ConfigError(f"ScratchModel.heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "ScratchModel":
+        return from_dict(cls, values)
+
+    @property
+    def intermediate(self) -> int:
+        return self.ffn or -(-8 * self.hidden // (3 * 64)) * 64

@@ -148,7 +148,7 @@ def interpret_report(name, caption):
                   category="Interpretability", subcategory="{model} {variant}")
 
 
-INTERPRET = P.get("interpret")  # resolved: models, then focus.eval.interpret.InterpretConfig fields
+INTERPRET = P.get("interpret")  # resolved: models, then focus.eval.config.InterpretConfig fields
 for _model in (INTERPRET or {}).get("models", []):
     for _variant in VARIANTS:
         _folder = interpret_folder(_model, _variant)

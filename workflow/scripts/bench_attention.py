@@ -1,7 +1,7 @@
 """Rule bench_attention: attention and prefill speed, tables and figure."""
 
 from focus.pipeline.benchmark import run_benchmark
-from focus.pipeline.jobs import start_job
+from focus.pipeline.start import start_job
 
 start_job(snakemake.log[0], snakemake.threads)
 run_benchmark(

@@ -1,7 +1,7 @@
 """Rule bench_decode: decoding step and generate() speed, tables and figure."""
 
 from focus.pipeline.benchmark import run_decode_benchmark
-from focus.pipeline.jobs import start_job
+from focus.pipeline.start import start_job
 
 start_job(snakemake.log[0], snakemake.threads)
 run_decode_benchmark(

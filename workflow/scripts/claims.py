@@ -1,6 +1,6 @@
 """Rule claims: the paper's claims against this profile's results."""
 
-from focus.pipeline.jobs import start_job
+from focus.pipeline.start import start_job
 from focus.report.claims import write_claims
 
 start_job(snakemake.log[0], 1)

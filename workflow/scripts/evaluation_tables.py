@@ -1,6 +1,6 @@
 """Rule evaluation_tables: benchmark, TruthfulQA, prompt-length, LoRA, long-context and RULER tables and figures."""
 
-from focus.pipeline.jobs import start_job
+from focus.pipeline.start import start_job
 from focus.report.evaluation import write_evaluation_tables
 
 start_job(snakemake.log[0], 1)

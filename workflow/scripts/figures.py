@@ -1,6 +1,6 @@
 """Rule figures: loss curves and perplexity bars (PNG + SVG)."""
 
-from focus.pipeline.jobs import start_job
+from focus.pipeline.start import start_job
 from focus.report.figures import plot_figures
 
 start_job(snakemake.log[0], snakemake.threads)

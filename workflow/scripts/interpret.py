@@ -1,7 +1,7 @@
 """Rule interpret: group balance and contents of one trained (model, variant) on held-out text."""
 
 from focus.pipeline.interpret import interpret_adapter
-from focus.pipeline.jobs import start_job
+from focus.pipeline.start import start_job
 
 start_job(snakemake.log[0], snakemake.threads)
 interpret_adapter(

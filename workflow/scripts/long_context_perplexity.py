@@ -1,7 +1,7 @@
 """Rule long_context_perplexity: one (model, method, context length)."""
 
-from focus.pipeline.jobs import start_job
 from focus.pipeline.stages import evaluate_perplexity
+from focus.pipeline.start import start_job
 
 start_job(snakemake.log[0], snakemake.threads)
 evaluate_perplexity(

@@ -1,7 +1,7 @@
 """Rule needle: pass-key retrieval of one (model, method)."""
 
-from focus.pipeline.jobs import start_job
 from focus.pipeline.stages import evaluate_needle
+from focus.pipeline.start import start_job
 
 start_job(snakemake.log[0], snakemake.threads)
 evaluate_needle(

@@ -2,7 +2,7 @@
 
 import papermill
 
-from focus.pipeline.jobs import start_job
+from focus.pipeline.start import start_job
 
 start_job(snakemake.log[0], snakemake.threads)
 papermill.execute_notebook(

@@ -1,7 +1,7 @@
 """Rules perplexity and perplexity_validation: one (model, method, domain) on the test or validation split."""
 
-from focus.pipeline.jobs import start_job
 from focus.pipeline.stages import evaluate_perplexity
+from focus.pipeline.start import start_job
 
 start_job(snakemake.log[0], snakemake.threads)
 evaluate_perplexity(

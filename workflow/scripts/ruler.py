@@ -1,7 +1,7 @@
 """Rule ruler: RULER (lm-eval) of one (model, method) at each prompt length."""
 
-from focus.pipeline.jobs import start_job
 from focus.pipeline.stages import evaluate_ruler
+from focus.pipeline.start import start_job
 
 start_job(snakemake.log[0], snakemake.threads)
 evaluate_ruler(

@@ -1,6 +1,6 @@
 """Rule scratch_summary: full attention against Focus trained from scratch (table, figure, summary JSON)."""
 
-from focus.pipeline.jobs import start_job
+from focus.pipeline.start import start_job
 from focus.report.scratch import summarize_scratch
 
 start_job(snakemake.log[0], snakemake.threads)

@@ -1,6 +1,6 @@
 """Rule study: the design study's table and figure."""
 
-from focus.pipeline.jobs import start_job
+from focus.pipeline.start import start_job
 from focus.report.study import write_study
 
 start_job(snakemake.log[0], snakemake.threads)

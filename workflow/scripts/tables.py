@@ -1,6 +1,6 @@
 """Rule tables: perplexity and training tables (CSV + Markdown)."""
 
-from focus.pipeline.jobs import start_job
+from focus.pipeline.start import start_job
 from focus.report.tables import write_tables
 
 start_job(snakemake.log[0], snakemake.threads)

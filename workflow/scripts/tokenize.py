@@ -1,7 +1,7 @@
 """Rule tokenize: one corpus, tokenised for one model."""
 
-from focus.pipeline.jobs import start_job
 from focus.pipeline.stages import prepare_tokens
+from focus.pipeline.start import start_job
 
 start_job(snakemake.log[0], snakemake.threads)
 prepare_tokens(

@@ -1,11 +1,11 @@
 """Rule train_focus: centroid-only training of one (model, variant), mirrored to W&B."""
 
-from focus.pipeline.jobs import TrainingJob, start_job
+from focus.pipeline.jobs import TrainingJob
 from focus.pipeline.stages import train_focus
-from focus.report.tracking import log_training_run
+from focus.pipeline.start import start_job
 
 start_job(snakemake.log[0], snakemake.threads)
-summary = train_focus(
+train_focus(
     source=snakemake.params.source,
     dtype=snakemake.params.dtype,
     focus=snakemake.params.focus,
@@ -13,5 +13,3 @@ summary = train_focus(
     adapter_dir=snakemake.output.adapter,
     processes=snakemake.resources.gpu,  # > 1: that many processes, one per GPU
 )
-log_training_run(snakemake.output.wandb, snakemake.params.wandb, snakemake.params.group, dict(snakemake.wildcards), summary,
-                 snakemake.output.metrics)

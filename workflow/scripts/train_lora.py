@@ -1,11 +1,11 @@
 """Rule train_lora: one (rank, lr) cell of the LoRA baseline grid, mirrored to W&B."""
 
-from focus.pipeline.jobs import TrainingJob, start_job
+from focus.pipeline.jobs import TrainingJob
 from focus.pipeline.stages import train_lora
-from focus.report.tracking import log_training_run
+from focus.pipeline.start import start_job
 
 start_job(snakemake.log[0], snakemake.threads)
-summary = train_lora(
+train_lora(
     source=snakemake.params.source,
     dtype=snakemake.params.dtype,
     rank=snakemake.params.cell["rank"],
@@ -15,5 +15,3 @@ summary = train_lora(
     job=TrainingJob.from_rule(snakemake),
     adapter_dir=snakemake.output.adapter,
 )
-log_training_run(snakemake.output.wandb, snakemake.params.wandb, snakemake.params.group, dict(snakemake.wildcards), summary,
-                 snakemake.output.metrics)

@@ -1,7 +1,7 @@
 """Rule wandb_report: every table and figure in one W&B run; writes where the run is and what it holds."""
 
-from focus.pipeline.jobs import start_job
-from focus.report.tracking import log_report_run
+from focus.pipeline.start import start_job
+from focus.pipeline.tracking import log_report_run
 
 start_job(snakemake.log[0], snakemake.threads)
 log_report_run(

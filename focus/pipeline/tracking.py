@@ -8,6 +8,7 @@ The tests read such a run file back (`tests/helpers/wandb_file.py`).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,20 +41,28 @@ def open_run(
     )
 
 
-def log_training_run(
-    record: str | Path, settings: dict[str, Any], group: str, labels: dict[str, str], summary: dict,
-    metrics: str | Path,
-) -> dict:
+@dataclass(frozen=True)
+class WandbTarget:
+    """Where one job's W&B run goes: `record` (`<results>/wandb/<...>.json`) receives where the run went, the run
+    files go under `<results>/wandb/`; `settings` holds the profile's project and entity, `labels` name the run."""
+
+    record: str | Path
+    settings: dict[str, Any]
+    group: str
+    labels: dict[str, str]
+
+
+def log_training_run(target: WandbTarget, summary: dict, metrics: str | Path) -> dict:
     """One W&B run per training job: the metrics history, the summary as config, the final values as summary.
 
     Logged after training from `metrics.jsonl`, so a job resumed after a kill still gives one complete history.
-    `record` (`<results>/wandb/<...>.json`) receives where the run went; run files go under `<results>/wandb/`.
     """
-    run = open_run(_results_of(record), "/".join(labels.values()), group=group, job_type="train",
-                   config={**summary, **labels}, project=settings["project"], entity=settings.get("entity"))
+    run = open_run(_results_of(target.record), "/".join(target.labels.values()), group=target.group,
+                   job_type="train", config={**summary, **target.labels}, project=target.settings["project"],
+                   entity=target.settings.get("entity"))
     log_metrics_file(run, metrics)
     run.summary.update({f"final/{key}": value for key, value in summary["final"].items()})
-    return _finish(run, record, {"labels": labels})
+    return _finish(run, target.record, {"labels": target.labels})
 
 
 def log_report_run(
