@@ -112,3 +112,32 @@ def test_the_checks_see_a_loop_and_an_upward_import(tmp_path, monkeypatch):
         except AssertionError:
             continue
         raise AssertionError(f"{check.__name__} missed what was planted")
+
+
+
+def library_calls(script: Path) -> list[str]:
+    """The names imported from `focus` that a rule script's top-level statements call, in order."""
+    tree = ast.parse(script.read_text())
+    imported = {alias.asname or alias.name for node in tree.body if isinstance(node, ast.ImportFrom)
+                and (node.module or "").split(".")[0] == "focus" for alias in node.names}
+    return [node.func.id for statement in tree.body if not isinstance(statement, (ast.Import, ast.ImportFrom))
+            for node in ast.walk(statement)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in imported]
+
+
+def test_every_rule_script_starts_its_job_then_makes_one_library_call():
+    scripts = sorted((PACKAGE.parent / "workflow" / "scripts").glob("*.py"))
+    calls = {script.name: library_calls(script) for script in scripts}
+    wrong = {name: called for name, called in calls.items() if called[:1] != ["start_job"] or len(called) > 2}
+    assert len(scripts) > 10 and not wrong, wrong
+
+
+def test_the_script_check_counts_every_call(tmp_path):
+    """The check above is not vacuous: the two calls of the training scripts before they were folded into one are
+    both counted, the assigned one and the one inside another call's arguments too."""
+    script = tmp_path / "train.py"
+    script.write_text("from focus.pipeline.start import start_job\nfrom focus.pipeline.stages import train_focus\n"
+                      "from focus.pipeline.jobs import TrainingJob\n\n"
+                      "start_job('log', 1)\nsummary = train_focus(job=TrainingJob.from_rule(None))\n"
+                      "print(train_focus())\n")
+    assert library_calls(script) == ["start_job", "train_focus", "train_focus"]
