@@ -1,6 +1,7 @@
 """Pipeline profiles: the shipped ones resolve; each kind of bad profile is one ConfigError line naming the key."""
 
 import copy
+import json
 import os
 import subprocess
 import sys
@@ -199,3 +200,16 @@ def test_the_packaged_models_position_limit_is_read_without_converting_it(tmp_pa
     assert position_limit(PACKAGED_SMOLLM2) == 8192
     assert not any(tmp_path.iterdir())
     assert position_limit("nobody/not-a-cached-model") is None  # unknowable offline: the jobs check it
+
+
+@pytest.mark.parametrize("config, limit", [
+    ({"model_type": "llama", "max_position_embeddings": 4096}, 4096),
+    ({"model_type": "gpt2", "n_positions": 1024}, 1024),  # GPT-2's name for it
+    ({"model_type": "gemma3", "text_config": {"max_position_embeddings": 131072}}, 131072),  # the text model's
+    ({"model_type": "mystery"}, None),  # not stated: the jobs check it once the model is loaded
+])
+def test_a_saved_folders_position_limit_is_read_from_its_config_json(tmp_path, config, limit):
+    from focus.sources import position_limit
+
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert position_limit(tmp_path) == limit
