@@ -168,16 +168,18 @@ def _eval(argv: list[str]) -> int:
 def _generate(argv: list[str]) -> int:
     import torch
 
-    from focus.adapter import load_focus
+    from focus.adapter import load_focus, resolve_adapter
     from focus.attention.decoding import FocusCache
     from focus.models import load_model
     from focus.retrofit import set_focus_mode
 
     model_args, adapter, args = _parse("generate", (ModelArguments, AdapterArguments, GenerateArguments), argv)
+    # The adapter first: a wrong path is one line at once, not after the model loads (or converts, on a fresh cache).
+    trained = resolve_adapter(adapter.adapter, adapter.revision) if adapter.adapter else None
     model, tokenizer = load_model(model_args.model, getattr(torch, model_args.dtype))
     cache = None
-    if adapter.adapter:
-        load_focus(model, adapter.adapter, revision=adapter.revision)
+    if trained:
+        load_focus(model, trained)
         set_focus_mode(model, adapter.mode)
         cache = FocusCache(model) if adapter.mode == "hard" else None  # decoding reads the group index
     if args.chat:

@@ -18,6 +18,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from filelock import FileLock
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
@@ -169,7 +170,10 @@ def packaged_smollm2_folder(cache_dir: str | Path | None = None) -> Path:
     """Folder of the packaged SmolLM2 as a plain HF model, converting the GGUF on first use.
 
     The cache folder is `<cache_dir>/smollm2-135m-instruct` (default cache: `focus_cache_dir()`). It records the
-    GGUF it came from (package version and file size) and is rebuilt when that changes.
+    GGUF it came from (package version and file size) and is rebuilt when that changes. Processes that find the
+    cache cold at once (pipeline jobs, on one machine or a cluster's shared file system) convert it once: they
+    agree on one writer through a lock file beside the folder, and the others wait, then read its folder. A
+    folder whose record matches is never replaced, so nobody's folder is moved away while they read it.
     """
     gguf = packaged_smollm2_gguf()
     source = {
@@ -189,7 +193,10 @@ def packaged_smollm2_folder(cache_dir: str | Path | None = None) -> Path:
         tokenizer.save_pretrained(folder)
         (folder / _SOURCE_RECORD).write_text(json.dumps(source, indent=2, sort_keys=True) + "\n")
 
-    write_folder_atomically(target, write)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(target.parent / f".{target.name}.lock"):
+        if _read_record(target / _SOURCE_RECORD) != source:  # not converted by the writer we waited for
+            write_folder_atomically(target, write)
     return target
 
 

@@ -1,3 +1,7 @@
+import multiprocessing
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -193,6 +197,59 @@ def test_write_folder_atomically_leaves_nothing_on_failure(tmp_path):
         write_folder_atomically(target, fail)
     assert sorted(p.name for p in target.iterdir()) == ["b.txt"]  # a failed rewrite keeps the old copy
     assert [p.name for p in (tmp_path / "cache").iterdir()] == ["model"]
+
+
+class _StandInModel:
+    """The converted model, as far as the cache is concerned: half a second to save, and a count of conversions."""
+
+    def __init__(self, count):
+        self.count = count
+
+    def save_pretrained(self, folder):
+        time.sleep(0.5)
+        (folder / "weights.bin").write_text("complete")
+        with open(self.count, "a") as count:
+            count.write("converted\n")
+
+
+class _StandInTokenizer:
+    def save_pretrained(self, folder):
+        (folder / "tokenizer.json").write_text("{}")
+
+
+def _convert_then_read(cache, count):
+    """A job on a cold cache: convert (or wait for whoever does), then read the folder a second later."""
+    models.load_gguf = lambda gguf: (_StandInModel(count), _StandInTokenizer())
+    models._dequantized_copy = lambda model: model
+    folder = models.packaged_smollm2_folder(cache)
+    time.sleep(1.0)  # a second converter, had there been one, would have moved this folder aside by now
+    assert (folder / "weights.bin").read_text() == "complete"
+
+
+def test_processes_finding_the_cache_cold_at_once_convert_it_once(tmp_path):
+    fork = multiprocessing.get_context("fork")  # the stand-ins are set in each child, never in this process
+    for round in range(5):
+        cache, count = tmp_path / f"cache{round}", tmp_path / f"conversions{round}"
+        processes = [fork.Process(target=_convert_then_read, args=(cache, count)) for _ in range(6)]
+        for process in processes:
+            process.start()
+        for process in processes:
+            process.join(timeout=60)
+        assert [process.exitcode for process in processes] == [0] * 6
+        assert count.read_text() == "converted\n"  # one writer; the five others waited for it and read its folder
+
+
+@pytest.mark.slow
+def test_jobs_starting_together_on_an_empty_cache_all_load_the_packaged_model(tmp_path):
+    """The pipeline's first jobs on a fresh machine: several processes load SmolLM2 on an empty cache at once."""
+    load = "from focus.models import load_model, load_tokenizer; load_tokenizer('smollm2-135m-instruct'); " \
+           "load_model('smollm2-135m-instruct')"
+    environ = {**os.environ, "FOCUS_CACHE": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    processes = [subprocess.Popen([sys.executable, "-c", load], env=environ, stderr=subprocess.PIPE, text=True)
+                 for _ in range(3)]
+    errors = [process.communicate(timeout=600)[1] for process in processes]
+    assert [process.returncode for process in processes] == [0] * 3, errors
+    assert sum("de-quantizing GGUF tensors" in error for error in errors) == 1
 
 
 # --- the packaged SmolLM2 -----------------------------------------------------------------------------------------
