@@ -59,6 +59,12 @@ def test_paper_profile_resolves_with_hub_access(monkeypatch):
     assert {"gpt2", "llama-3.1-8b", "mistral-7b", "qwen2.5-1.5b", "gemma-2-2b"} <= set(profile["models"])
     assert profile["models"]["llama-3.1-70b"]["gpus"] == 8 and profile["models"]["gpt2"]["gpus"] == 1
     assert profile["models"]["llama-3.1-70b"]["eval_gpus"] == 4 and profile["models"]["gpt2"]["eval_gpus"] == 1
+    # The tiny profile asks for no GPU (a CPU partition runs it), unless a model or the profile says otherwise.
+    tiny = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
+    assert {spec["gpus"] for spec in resolve_profile(tiny, SCHEMA)["models"].values()} == {0}
+    tiny["models"]["smollm2"]["eval_gpus"] = 2
+    smollm2 = resolve_profile({**tiny, "gpus": 1}, SCHEMA)["models"]["smollm2"]
+    assert (smollm2["gpus"], smollm2["eval_gpus"]) == (1, 2)
 
 
 def test_evaluation_profile_resolves_the_lora_grid_and_the_methods_of_each_stage():
@@ -130,9 +136,8 @@ BAD = {
         or c["data"]["domains"].update(wikitext2=["validation"]) or c["perplexity"].update(domains=["books"]),
         "data.domains.wikitext2: long_context needs split 'test'",
     ),
-    "no gpus": (lambda c: c["models"]["smollm2"].update(gpus=0), "models.smollm2.gpus: 0 is less than the minimum"),
-    "no evaluation gpus": (lambda c: c["models"]["smollm2"].update(eval_gpus=0),
-                           "models.smollm2.eval_gpus: 0 is less than the minimum"),
+    "negative gpus": (lambda c: c["models"]["smollm2"].update(gpus=-1), "models.smollm2.gpus: -1 is less than the minimum"),
+    "negative evaluation gpus": (lambda c: c.update(eval_gpus=-1), "eval_gpus: -1 is less than the minimum"),
     "study baseline that is no variant": (
         lambda c: c.update(study={"baseline": "nope", "domain": "books"}) or c["perplexity"].update(
             splits=["validation", "test"]),

@@ -29,8 +29,9 @@ def resolve_profile(config: dict[str, Any], schema: dict[str, Any]) -> dict[str,
     Resolved keys: everything in the profile, plus `results` ("results/<name>"), `methods` (what perplexity is
     measured for: "pretrained", "full_finetune" when the baseline is on, "<variant>-soft", "<variant>-hard"),
     and per model `dtype`, `variants` ({variant: FocusConfig dict}), `centroids` and `full_finetune` (TrainConfig
-    dicts; `full_finetune` None when off), `gpus` (processes per training job, default 1) and `eval_gpus` (GPUs an
-    evaluation job spreads the model over, default 1).
+    dicts; `full_finetune` None when off), `gpus` (GPUs a training job asks for, one process each; 0 asks
+    none) and `eval_gpus` (GPUs an evaluation job asks for and spreads the model over), each defaulting to the
+    profile's own `gpus` / `eval_gpus`, themselves 0 by default.
 
     Raises:
         ConfigError: one line naming the key and what is wrong with it.
@@ -55,8 +56,8 @@ def resolve_profile(config: dict[str, Any], schema: dict[str, Any]) -> dict[str,
             },
             "centroids": _train_dict(f"{where}.centroids", {**train["centroids"], **spec.get("centroids", {})}),
             "full_finetune": None,
-            "gpus": spec.get("gpus", 1),
-            "eval_gpus": spec.get("eval_gpus", 1),
+            "gpus": spec.get("gpus", config.get("gpus", 0)),
+            "eval_gpus": spec.get("eval_gpus", config.get("eval_gpus", 0)),
         }
         if baseline is not None:
             # The same budget (steps, batch, schedule) as this model's centroids unless overridden.
@@ -221,7 +222,7 @@ def _check_gpus(where: str, model: dict[str, Any]) -> None:
     """Every process of a multi-GPU training job scores an equal share of each batch (see train_parameters)."""
     for section in ("centroids", "full_finetune"):
         train = model[section]
-        if train is not None and train["batch_size"] % model["gpus"]:
+        if train is not None and model["gpus"] and train["batch_size"] % model["gpus"]:
             raise ConfigError(
                 f"{where}.{section}.batch_size ({train['batch_size']}) must be a multiple of {where}.gpus "
                 f"({model['gpus']}): each GPU scores an equal share of every batch"

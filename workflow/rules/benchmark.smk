@@ -1,4 +1,5 @@
 BENCH = P.get("benchmark")
+BENCH_GPUS = one_gpu_if_any(P["models"][BENCH["model"]]["eval_gpus"]) if BENCH and BENCH.get("model") else 0
 
 
 rule bench_attention:
@@ -17,7 +18,9 @@ rule bench_attention:
     params:
         bench=BENCH,
         model_source=bench_model_source,
-    threads: workflow.cores  # alone on the machine: timings are not shared with other jobs
+    threads: MACHINE_THREADS  # alone on the machine: timings are not shared with other jobs
+    resources:
+        gpu=BENCH_GPUS,
     script:
         "../scripts/bench_attention.py"
 
@@ -42,6 +45,8 @@ if (BENCH or {}).get("decode"):
         params:
             decode=BENCH["decode"],
             model_source=bench_model_source,
-        threads: workflow.cores  # alone on the machine: timings are not shared with other jobs
+        threads: MACHINE_THREADS  # alone on the machine: timings are not shared with other jobs
+        resources:
+            gpu=BENCH_GPUS,
         script:
             "../scripts/bench_decode.py"

@@ -1,6 +1,7 @@
 # Profile loading and the helpers rules use: paths, targets, input functions, params.
 import os
 import re
+import sys
 from pathlib import Path
 
 import yaml
@@ -8,6 +9,7 @@ import yaml
 from focus.config import ConfigError
 from focus.pipeline.methods import FULL_FINETUNE, method_variant
 from focus.pipeline.profile import resolve_profile
+from focus.pipeline.slurm import wait_for_earlier_jobs
 
 
 with open(workflow.source_path("../schemas/config.schema.yaml")) as schema_file:
@@ -17,6 +19,14 @@ try:
 except ConfigError as err:
     # One line, before any job starts, instead of a traceback through Snakemake's parser.
     raise SystemExit(f"config error: {err}")
+
+# A Snakemake killed and started again on a cluster first waits for the SLURM jobs its predecessor left queued or
+# running here, instead of submitting each a second time (focus.pipeline.slurm). Not for commands that only look.
+_LOOKING = ("--unlock", "--lint", "--report", "--list", "--summary", "--detailed-summary", "--dag", "--rulegraph",
+            "--filegraph", "--cleanup-metadata", "--delete-all-output", "--delete-temp-output", "--touch")
+_ONLY_LOOKING = any(argument.split("=")[0] in _LOOKING for argument in sys.argv)
+if workflow.is_main_process and not workflow.output_settings.dryrun and not _ONLY_LOOKING:
+    wait_for_earlier_jobs(os.getcwd(), report=lambda line: print(line, file=sys.stderr))
 
 R = P["results"]
 # Names the software of every rule (scripts/install.sh builds the same environment as a venv); --use-conda untested.
@@ -265,13 +275,29 @@ def full_finetune_training(wildcards):
 
 
 def model_gpus(wildcards):
-    """GPUs of the model's training jobs; the job runs one process per GPU (resources.gpu, so --set-resources wins)."""
+    """GPUs of the model's training jobs; the job runs one process per GPU (resources.gpu, so --set-resources wins).
+    0: the profile asks for none (a CPU partition runs it)."""
     return P["models"][wildcards.model]["gpus"]
 
 
 def model_eval_gpus(wildcards):
     """GPUs of the model's evaluation jobs: one process, the model's layers spread over them (focus.models.SPREAD)."""
     return P["models"][wildcards.model]["eval_gpus"]
+
+
+def one_gpu_if_any(gpus):
+    """A one-process job's GPU request: one where the profile asks for GPUs at all, else none."""
+    return min(1, gpus)
+
+
+def lora_gpus(wildcards):
+    return one_gpu_if_any(P["models"][wildcards.model]["gpus"])
+
+
+# Jobs that time themselves want the whole machine. Locally Snakemake lowers this to --cores; on a cluster, where
+# nothing knows the machine a job lands on, the execution profile sets it (set-threads) with the CPUs it asks for.
+# (Not workflow.cores: a cluster run has no --cores, and reading it stops every such run at parse time.)
+MACHINE_THREADS = os.cpu_count() or 1
 
 
 def evaluation_outputs():

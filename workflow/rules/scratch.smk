@@ -48,6 +48,8 @@ rule train_scratch:
     # One thread per job: on 2 shared CPU cores two 1-thread jobs side by side were several times faster than one
     # 2-thread job (whose threads spin-wait whenever the other core is busy). More threads: set-threads in a profile.
     threads: 1
+    resources:
+        gpu=one_gpu_if_any(P.get("gpus", 0)),  # one process
     script:
         "../scripts/train_scratch.py"
 

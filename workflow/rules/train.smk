@@ -80,5 +80,7 @@ rule train_lora:
         wandb=WANDB,
         group=P["name"],
     threads: 2
+    resources:
+        gpu=lora_gpus,  # one process
     script:
         "../scripts/train_lora.py"

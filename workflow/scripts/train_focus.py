@@ -11,5 +11,5 @@ train_focus(
     focus=snakemake.params.focus,
     job=TrainingJob.from_rule(snakemake),
     adapter_dir=snakemake.output.adapter,
-    processes=snakemake.resources.gpu,  # > 1: that many processes, one per GPU
+    processes=snakemake.resources.gpu,  # > 1: that many processes, one per GPU (0 or 1: this one)
 )
