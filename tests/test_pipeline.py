@@ -9,7 +9,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,71 +16,11 @@ import pandas as pd
 import pytest
 import yaml
 from helpers import wandb_file
+from helpers.pipeline import MINI, ROOT, SNAKEMAKE, job_counts, snakemake, write_config
 
 from focus.report.claims import CLAIMS
 
-ROOT = Path(__file__).resolve().parent.parent
-SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile")]
-
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
-
-MINI = {
-    "name": "mini",
-    "models": {"smollm2": {"source": "smollm2-135m-instruct"}, "tiny-qwen2": {"source": "tiny:qwen2"}},
-    "data": {"domains": {"books": ["train", "validation", "test"]}},
-    "focus": {"num_groups": 4, "window": 32, "top_k": 1},
-    "train": {
-        "domain": "books",
-        "seq_len": 128,
-        "calibration_rows": 2,
-        "eval_rows": 2,
-        "centroids": {"steps": 4, "batch_size": 2, "lr": 1e-2, "log_every": 1, "checkpoint_every": 2,
-                      "eval_batch_size": 2},
-        "full_finetune": {"lr": 3e-5, "checkpoint_every": 0},
-    },
-    "perplexity": {"domains": ["books"], "splits": ["validation", "test"], "context_length": 128, "max_tokens": 1024,
-                   "batch_size": 4},
-    "benchmark": {"lengths": [256, 512], "settings": [[4, 32, 1], [4, 32, 2]], "repeats": 1, "model": "tiny-qwen2",
-                  "prefill_lengths": [256], "prefill_settings": [[4, 32, 1]]},
-    # The evaluation stages on the tiny model only (seconds each): a 1-cell LoRA grid, lm-eval on 3 documents per
-    # task (hellaswag is skipped offline), and the long-context checks at lengths beyond the window of 32.
-    "lora": {"models": ["tiny-qwen2"], "ranks": [2], "lrs": [1e-3]},
-    "harness": {"models": ["tiny-qwen2"], "tasks": ["arc_easy", "hellaswag"], "chat_tasks": ["truthfulqa_mc1", "truthfulqa_mc2"],
-                "limit": 3, "batch_size": 4},
-    "long_context": {"models": ["tiny-qwen2"], "domain": "books", "context_lengths": [64, 128], "max_tokens": 512,
-                     "needle": {"lengths": [96], "depths": [0.5], "trials": 2},
-                     "ruler": {"tasks": ["niah_single_1", "niah_single_2"], "lengths": [256], "limit": 1}},
-    "interpret": {"models": ["tiny-qwen2"], "tokens": 256, "layers": [0, 1], "top_tokens": 3},
-    # The design study's table on the tiny model (its long context, needle and groups are measured above).
-    "study": {"model": "tiny-qwen2", "baseline": "focus", "domain": "books"},
-}
-
-
-def snakemake(workdir: Path, *args: str, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    """Run snakemake on the repository's Snakefile in `workdir` (2 cores, 1 thread per job, offline unless `env`
-    says otherwise)."""
-    environ = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", **(env or {})}
-    environ.pop("WANDB_MODE", None)
-    # One thread per job, two jobs at a time: the mini jobs are mostly start-up (imports, model loading), which a
-    # second thread does not speed up, so two jobs side by side finish sooner than one 2-thread job after another.
-    command = [*SNAKEMAKE, "--directory", str(workdir), "--cores", "2", "--max-threads", "1", *args]
-    result = subprocess.run(command, env=environ, capture_output=True, text=True, timeout=900)
-    if check and result.returncode != 0:
-        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
-    return result
-
-
-def write_config(workdir: Path, config: dict) -> Path:
-    workdir.mkdir(parents=True, exist_ok=True)
-    path = workdir / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-def job_counts(dry_run_output: str) -> dict[str, int]:
-    """{rule: count} from the "Job stats" table of a dry run."""
-    table = dry_run_output.split("Job stats:")[1].split("total")[0]
-    return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, flags=re.M)}
 
 
 # ---- static checks -------------------------------------------------------------------------------------------
@@ -138,6 +77,15 @@ def test_paper_profile_dry_runs_on_the_slurm_executor_with_gpu_resources(tmp_pat
             assert int(re.search(r"\bgpu=(\d+)", job)[1]) == models[model].get("eval_gpus", 1), (rule, model)
     # The LoRA grid (4 ranks x 3 learning rates) is trained and benchmarked for the instruction-tuned model alone.
     assert counts["train_lora"] == 12 and counts["benchmarks"] == 9 * 3 + 12
+
+
+def test_tiny_profile_on_the_slurm_executor_asks_for_no_gpu(tmp_path):
+    """A CPU partition runs a profile whose models ask for no GPU: no job of it requests one."""
+    result = snakemake(tmp_path, "--workflow-profile", str(ROOT / "profiles" / "slurm"), "-n", "--jobs", "4")
+    resources = re.findall(r"resources: (.*)", result.stdout)
+    assert len(resources) == 69  # every job of configs/tiny.yaml
+    assert all(re.search(r"\bgpu=0\b", line) or "gpu=" not in line for line in resources)
+    assert sum("gpu=0" in line for line in resources) > 40  # training and evaluation jobs say so
 
 
 def test_bad_config_is_one_line_before_any_job(tmp_path):

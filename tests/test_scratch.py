@@ -218,7 +218,7 @@ def test_scratch_needs_the_validation_split_listed():
 
 
 def test_dry_run_of_the_scratch_profile_lists_its_jobs(tmp_path):
-    from test_pipeline import job_counts, snakemake
+    from helpers.pipeline import job_counts, snakemake
 
     result = snakemake(tmp_path, "-n", "--configfile", str(ROOT / "configs" / "scratch.yaml"))
     counts = job_counts(result.stdout)

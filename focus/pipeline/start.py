@@ -1,4 +1,5 @@
-"""The first call of every pipeline job: where its output goes and how many threads it uses.
+"""The first call of every pipeline job: where its output goes, how many threads it uses, and a last word in its
+log when SLURM stops it.
 
 Kept free of torch so that a job that only reads CSV and JSON files (tables, claims, the W&B report) starts in a
 fraction of a second instead of the seconds torch and transformers take to import.
@@ -8,12 +9,18 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
 
 def start_job(log: str | Path, threads: int) -> None:
-    """Send this job's stdout, stderr (progress bars) and logging to `log`, and use `threads` torch threads."""
+    """Send this job's stdout, stderr (progress bars) and logging to `log`, and use `threads` torch threads.
+
+    Under SLURM, a job stopped by SIGTERM (its time limit, scancel, a preemption) first says which in its log.
+    """
     stream = open(log, "w", buffering=1)  # line-buffered: `tail -f` shows progress as it happens
     # The file descriptors too: output from C++ (NCCL) and from the processes of a multi-GPU job goes there as well.
     os.dup2(stream.fileno(), 1)
@@ -24,3 +31,37 @@ def start_job(log: str | Path, threads: int) -> None:
     os.environ["OMP_NUM_THREADS"] = str(threads)
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(threads)
+    if "SLURM_JOB_ID" in os.environ:
+        signal.signal(signal.SIGTERM, _report_slurm_stop)
+
+
+def _report_slurm_stop(signum, frame) -> None:
+    """SIGTERM under SLURM: write why the job is stopping (the time limit it asked for, or a cancellation), then die
+    of SIGTERM as if nothing had been caught (Snakemake and SLURM see the same exit)."""
+    job_id = os.environ["SLURM_JOB_ID"]
+    try:
+        record = subprocess.run(["scontrol", "show", "job", "--oneliner", job_id], capture_output=True, text=True,
+                                timeout=5, check=False).stdout
+        fields = dict(re.findall(r"(\w+)=(\S*)", record))
+    except (OSError, subprocess.SubprocessError):
+        fields = {}
+    rule = re.sub(r"_wildcards_.*", "", fields.get("Comment", "")).removeprefix("rule_") or "this rule"
+    limit, ran = fields.get("TimeLimit", "?"), fields.get("RunTime", "?")
+    if limit not in ("?", "UNLIMITED") and _seconds(ran) >= _seconds(limit):
+        print(f"SLURM job {job_id} ({rule}) reached its time limit of {limit}: ask for more (resources.runtime in "
+              f"minutes, e.g. --set-resources {rule}:runtime=N); a training job resumes from its last checkpoint",
+              flush=True)
+    else:
+        print(f"SLURM job {job_id} ({rule}) was stopped after {ran} of its {limit} (scancel, a preemption or the "
+              "Snakemake run ending); a training job resumes from its last checkpoint when it runs again", flush=True)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _seconds(duration: str) -> int:
+    """SLURM's [days-]hours:minutes:seconds (or minutes:seconds) in seconds; -1 where it is not a duration."""
+    match = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", duration)
+    if match is None:
+        return -1
+    days, hours, minutes, seconds = (int(part or 0) for part in match.groups())
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
