@@ -2,9 +2,13 @@
 #   snakemake --cores all                                  # tiny profile
 #   snakemake --configfile configs/paper.yaml --workflow-profile profiles/slurm   # the paper's grid on SLURM
 #   snakemake --report results/tiny/report.html            # HTML report of the tables and figures
-if not config:  # no --configfile: the tiny profile, wherever --directory points
+# No --configfile: the tiny profile, wherever --directory points. An empty one is a mistake, not a request for it.
+if not config and not workflow.config_settings.configfiles:
 
     configfile: f"{workflow.basedir}/configs/tiny.yaml"
+
+elif not config:
+    raise SystemExit(f"config error: {', '.join(map(str, workflow.config_settings.configfiles))} is empty")
 
 
 include: "workflow/rules/common.smk"

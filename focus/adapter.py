@@ -50,7 +50,8 @@ def save_focus(model: PreTrainedModel, directory: str | Path, base_model: str | 
     if is_main_process():
         record = {
             "format": FORMAT,
-            "focus_config": to_dict(focus_config(model)),
+            # The mode it loads in: the one it was trained for, whatever mode the model was in when saved.
+            "focus_config": to_dict(focus_config(model).replace(mode=focus_config(model).trained_mode)),
             "base_model": base_model or getattr(model.config, "_name_or_path", "") or "unknown",
             "model_type": model.config.model_type,
             "num_layers": len(modules),
@@ -133,7 +134,8 @@ def load_focus(
     model: PreTrainedModel, source: str | Path, strict: bool = False, revision: str | None = None
 ) -> PreTrainedModel:
     """Put the adapter `source` (a folder, or a hub repo id at `revision`) onto `model` (applying Focus first if
-    needed); returns the model.
+    needed); returns the model, in the mode the adapter was trained for (`FocusConfig.trained_mode`: hard for the
+    default straight-through objective); `set_focus_mode` chooses another.
 
     Every tensor is checked against the shape and dtype the model needs before anything is copied, so a damaged or
     foreign adapter leaves the model as it was. An adapter saved from another model type, or from another hub model
@@ -148,6 +150,7 @@ def load_focus(
     record = read_adapter_config(directory)
     try:
         config = FocusConfig.from_dict({**_LEGACY_FIELDS, **record["focus_config"]})
+        config = config.replace(mode=config.trained_mode)  # adapters saved before the record said so
     except ConfigError as err:
         raise AdapterError(f"Focus adapter {directory / CONFIG_NAME}: {err}") from None
     _check_base_model(model, record, directory, strict)

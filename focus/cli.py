@@ -19,7 +19,7 @@ from typing import Literal
 
 from focus.adapter import AdapterError
 from focus.config import ConfigError, FocusConfig, to_dict
-from focus.sources import PACKAGED_SMOLLM2
+from focus.sources import PACKAGED_SMOLLM2, check_model_source, position_limit
 from focus.train.config import TrainConfig
 
 COMMANDS = ("train", "eval", "generate", "bench")
@@ -48,6 +48,8 @@ class TrainArguments:
     calibration_rows: int = field(default=8, metadata={
         "help": "Rows whose keys k-means-initialise the centroids (not trained on)."})
     eval_rows: int = field(default=8, metadata={"help": "Validation rows scored during training."})
+    overwrite: bool = field(default=False, metadata={
+        "help": "Train anew into an --output that holds a finished run, replacing its adapter."})
 
 
 @dataclass
@@ -106,8 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     try:
         return {"train": _train, "eval": _eval, "generate": _generate, "bench": _bench}[command](rest)
-    except (FileNotFoundError, ConfigError, AdapterError, KeyError, ValueError) as err:
-        message = str(err).strip("'\"").splitlines()[0] if str(err) else type(err).__name__
+    except (OSError, ConfigError, AdapterError, KeyError, ValueError) as err:  # OSError: unwritable output, full disk
+        text = str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)  # KeyError quotes its text
+        message = text.splitlines()[0] if text else type(err).__name__
         print(f"focus {command}: error: {message}", file=sys.stderr)
         return 2
 
@@ -119,16 +122,58 @@ def _parse(command: str, classes: tuple, argv: list[str]) -> tuple:
     return parser.parse_args_into_dataclasses(args=argv)
 
 
+def _check_model(source: str, length: int | None = None, what: str = "") -> None:
+    """A model that cannot load, or a length beyond its positions, is one line now, before anything loads."""
+    try:
+        check_model_source(source)
+    except ConfigError as err:
+        raise ConfigError(f"--model: {err}") from None
+    limit = position_limit(source)
+    if length is not None and limit is not None and length > limit:
+        raise ValueError(f"{what} {length} is beyond the {limit} positions {source} was trained for")
+
+
+def _check_corpus(domain: str, splits: list[str], mirror: str | None) -> None:
+    from focus.data import corpus_location
+
+    for split in splits:
+        corpus_location(domain, split, mirror)  # FileNotFoundError or MirrorError, naming where it looked
+
+
+def _tokens_usable(path: Path) -> bool:
+    """Whether a token file left by an earlier run reads back (a copy cut short, a damaged disk: rebuild it)."""
+    if not path.exists():
+        return False
+    from focus.pipeline.jobs import read_tokens
+
+    try:
+        read_tokens(path, "train")
+    except Exception as err:  # whatever the damage, the remedy is the same
+        print(f"focus train: {path} is unreadable ({str(err).splitlines()[0] if str(err) else type(err).__name__}); "
+              "rebuilding it", file=sys.stderr)
+        path.unlink()
+        return False
+    return True
+
+
 def _train(argv: list[str]) -> int:
     from focus.pipeline.jobs import TrainingJob
     from focus.pipeline.stages import prepare_tokens, train_focus
 
     model, data, args, focus, train = _parse(
         "train", (ModelArguments, DataArguments, TrainArguments, FocusConfig, TrainConfig), argv)
+    _check_model(model.model, args.seq_len, "--seq_len")
+    if focus.window >= args.seq_len:
+        raise ConfigError(f"--window {focus.window} covers every --seq_len {args.seq_len} tokens of a row: no distant "
+                          "pair is left for the centroids to learn from; use a window below seq_len")
     out = Path(args.output)
+    if (out / "summary.json").exists() and not args.overwrite:
+        raise ValueError(f"{out} holds a finished run (summary.json, adapter/); choose another --output, or "
+                         "--overwrite to train anew and replace it")
+    _check_corpus(data.domain, ["train", "validation"], data.mirror)
     out.mkdir(parents=True, exist_ok=True)
     tokens = out / f"{data.domain}.tokens.safetensors"
-    if not tokens.exists():
+    if not _tokens_usable(tokens):
         prepare_tokens(model.model, data.domain, ["train", "validation"], tokens, data.mirror)
     job = TrainingJob(tokens, args.seq_len, asdict(train), out / "metrics.jsonl", out / "summary.json",
                       calibration_rows=args.calibration_rows, eval_rows=args.eval_rows)
@@ -144,7 +189,10 @@ def _eval(argv: list[str]) -> int:
     from focus.pipeline.stages import evaluate_benchmarks, evaluate_perplexity, prepare_tokens
 
     model, data, adapter, args = _parse("eval", (ModelArguments, DataArguments, AdapterArguments, EvalArguments), argv)
+    _check_model(model.model, args.context_length, "--context_length")
     trained = resolve_adapter(adapter.adapter, adapter.revision) if adapter.adapter else None
+    if not args.tasks:
+        _check_corpus(data.domain, [args.split], data.mirror)
     method = f"focus-{adapter.mode}" if trained else "pretrained"
     with tempfile.TemporaryDirectory() as scratch:
         output = Path(args.output or Path(scratch) / "record.json")
@@ -174,6 +222,11 @@ def _generate(argv: list[str]) -> int:
     from focus.retrofit import set_focus_mode
 
     model_args, adapter, args = _parse("generate", (ModelArguments, AdapterArguments, GenerateArguments), argv)
+    if not args.prompt.strip():
+        raise ValueError("--prompt is empty: give the text to continue")
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max_new_tokens must be at least 1, got {args.max_new_tokens}")
+    _check_model(model_args.model)
     # The adapter first: a wrong path is one line at once, not after the model loads (or converts, on a fresh cache).
     trained = resolve_adapter(adapter.adapter, adapter.revision) if adapter.adapter else None
     model, tokenizer = load_model(model_args.model, getattr(torch, model_args.dtype))
@@ -188,6 +241,8 @@ def _generate(argv: list[str]) -> int:
                                                return_dict=True)
     else:
         inputs = tokenizer(args.prompt, return_tensors="pt")
+    length = inputs["input_ids"].shape[1] + args.max_new_tokens
+    _check_model(model_args.model, length, f"the prompt's {inputs['input_ids'].shape[1]} tokens + --max_new_tokens =")
     with torch.no_grad():
         out = model.generate(**inputs, past_key_values=cache, do_sample=False, max_new_tokens=args.max_new_tokens)
     print(tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))
@@ -198,6 +253,13 @@ def _bench(argv: list[str]) -> int:
     (args,) = _parse("bench", (BenchArguments,), argv)
     from focus.eval.speed import parse_settings
 
+    for name in ("lengths", "prompt_lengths"):
+        if any(length < 1 for length in getattr(args, name)):
+            raise ValueError(f"--{name} must be positive token counts, got {' '.join(map(str, getattr(args, name)))}")
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be at least 1, got {args.repeats}")
+    if args.model:
+        _check_model(args.model, max(args.prompt_lengths), "--prompt_lengths")
     settings = parse_settings(args.settings)
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)

@@ -214,3 +214,9 @@ class FocusConfig:
 
     def replace(self, **changes: Any) -> "FocusConfig":
         return from_dict(FocusConfig, {**to_dict(self), **changes})
+
+    @property
+    def trained_mode(self) -> Literal["soft", "hard"]:
+        """The mode centroids trained under this config are meant to run in: hard for the objectives that train the
+        hard pattern (straight-through, attention recall), else the mode set (the soft gate's training mode)."""
+        return "hard" if self.objective in ("straight_through", "attention_recall") else self.mode

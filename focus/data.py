@@ -107,9 +107,20 @@ def _row_count(path: Path, kind: str | None) -> int:
 
 @functools.lru_cache(maxsize=4)
 def _manifest_entries(manifest: str) -> dict[str, dict]:
+    """{file: entry} of a MANIFEST.json; a file that is not one (empty, cut short, not a mapping of `files`) is a
+    MirrorError naming it."""
     import json
 
-    return {entry["file"]: entry for entry in json.loads(Path(manifest).read_text()).get("files", [])}
+    try:
+        record = json.loads(Path(manifest).read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise MirrorError(f"{manifest} is not valid JSON ({str(err).splitlines()[0]}); the mirror's manifest is "
+                          "damaged") from None
+    files = record.get("files", []) if isinstance(record, dict) else None
+    if not isinstance(files, list) or not all(isinstance(entry, dict) and "file" in entry for entry in files):
+        raise MirrorError(f"{manifest} is not a data mirror manifest (a mapping whose `files` lists entries with a "
+                          f"`file` each); found {type(record).__name__}")
+    return {entry["file"]: entry for entry in files}
 
 
 def _check_sha256(path: Path, expected: str, size: int, mtime_ns: int) -> None:

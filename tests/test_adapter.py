@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from focus import FocusConfig, apply_focus, has_focus, load_focus, save_focus
+from focus.retrofit import focus_config, set_focus_mode
 from focus.adapter import CONFIG_NAME, WEIGHTS_NAME, AdapterError
 from focus.models import tiny_model
 
@@ -96,3 +97,23 @@ def test_another_hub_model_warns_but_local_names_are_not_compared(adapter):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         load_focus(local, adapter)
+
+
+@pytest.mark.parametrize("objective, loads_as", [("straight_through", "hard"), ("attention_recall", "hard"),
+                                                 ("language_model", "soft")])
+def test_an_adapter_loads_in_the_mode_it_was_trained_for(tmp_path, objective, loads_as):
+    """Centroids trained for the hard pattern are saved from a model left in soft mode (training's gate): loading
+    them must not hand a Python user the mode they were not trained for."""
+    trained = tiny_model("llama", seed=0)
+    apply_focus(trained, FocusConfig(num_groups=4, window=3, objective=objective, mode="soft"), init_centroids=False)
+    folder = save_focus(trained, tmp_path / "adapter")
+    assert json.loads((folder / CONFIG_NAME).read_text())["focus_config"]["mode"] == loads_as
+    assert focus_config(load_focus(tiny_model("llama", seed=0), folder)).mode == loads_as
+
+    record = json.loads((folder / CONFIG_NAME).read_text())  # as adapters saved before the record said so
+    record["focus_config"]["mode"] = "soft"
+    (folder / CONFIG_NAME).write_text(json.dumps(record))
+    model = load_focus(tiny_model("llama", seed=0), folder)
+    assert focus_config(model).mode == loads_as
+    set_focus_mode(model, "soft")  # the caller's choice stands
+    assert focus_config(model).mode == "soft"

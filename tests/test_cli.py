@@ -28,6 +28,39 @@ def test_unknown_commands_and_missing_adapters_are_one_line_errors(tmp_path, cap
     assert error.startswith("focus generate: error: no Focus adapter at ") and "\n" not in error
 
 
+CARELESS = {  # argv -> the one line it must end in, before any work (no model loaded but a tiny one)
+    "window covers the row": (["train", "--model", "tiny:llama", "--output", "{tmp}/run", "--seq_len", "64"],
+                              "--window 256 covers every --seq_len 64 tokens of a row"),
+    "row beyond the positions": (["train", "--model", "tiny:gpt2", "--output", "{tmp}/run", "--seq_len", "4096",
+                                  "--window", "8"], "--seq_len 4096 is beyond the 2048 positions tiny:gpt2"),
+    "no such model folder": (["train", "--model", "{tmp}/absent", "--output", "{tmp}/run"],
+                             "--model: unknown model '{tmp}/absent': not 'smollm2-135m-instruct', tiny:<family>"),
+    "output under a file": (["train", "--model", "tiny:llama", "--output", "{tmp}/file/run", "--seq_len", "64",
+                             "--window", "8"], "Not a directory: '{tmp}/file/run'"),
+    "no such corpus": (["train", "--model", "tiny:llama", "--output", "{tmp}/run", "--domain", "novels",
+                        "--seq_len", "64", "--window", "8"], "unknown corpus 'novels'"),
+    "empty prompt": (["generate", "--model", "tiny:llama", "--prompt", ""], "--prompt is empty"),
+    "generation beyond the positions": (["generate", "--model", "tiny:llama", "--prompt", "Hi", "--max_new_tokens",
+                                         "5000"], "+ --max_new_tokens = 50"),
+    "negative length": (["bench", "--kind", "decode", "--lengths", "-5", "--model", ""],
+                        "--lengths must be positive token counts, got -5"),
+    "eval context beyond the positions": (["eval", "--model", "tiny:qwen2", "--context_length", "9000"],
+                                          "--context_length 9000 is beyond the 2048 positions"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CARELESS))
+def test_careless_inputs_are_one_line_errors_leaving_nothing_behind(case, tmp_path, capsys):
+    argv, expected = CARELESS[case]
+    (tmp_path / "file").write_text("a file, not a folder")
+    assert main([arg.replace("{tmp}", str(tmp_path)) for arg in argv]) == 2
+    error = capsys.readouterr().err
+    command = argv[0]
+    assert error.count("\n") == 1 and error.startswith(f"focus {command}: error: "), error  # no progress bar before
+    assert expected.replace("{tmp}", str(tmp_path)) in error
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # no output folder begun
+
+
 def test_train_then_eval_then_generate_through_the_adapter(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["train", "--model", "tiny:llama", "--output", str(out), "--seq_len", "64", "--calibration_rows", "2",
@@ -47,6 +80,27 @@ def test_train_then_eval_then_generate_through_the_adapter(tmp_path, capsys):
     assert main(["generate", "--model", "tiny:llama", "--adapter", str(out / "adapter"), "--prompt", "Once upon",
                  "--max_new_tokens", "4"]) == 0
     assert capsys.readouterr().out.strip()  # the continuation (random weights: any text)
+
+
+def test_a_finished_run_is_not_replaced_without_overwrite_and_a_damaged_token_file_is_rebuilt(tmp_path, capsys):
+    out = tmp_path / "run"
+    train = ["train", "--model", "tiny:llama", "--output", str(out), "--seq_len", "64", "--calibration_rows", "2",
+             "--eval_rows", "2", "--steps", "2", "--batch_size", "2", "--num_groups", "4", "--window", "8",
+             "--checkpoint_every", "0"]
+    assert main(train) == 0
+    adapter = (out / "adapter" / "focus_centroids.safetensors").read_bytes()
+    capsys.readouterr()
+    assert main([*train, "--window", "16"]) == 2
+    assert capsys.readouterr().err.strip() == (f"focus train: error: {out} holds a finished run (summary.json, "
+                                               "adapter/); choose another --output, or --overwrite to train anew "
+                                               "and replace it")
+    assert (out / "adapter" / "focus_centroids.safetensors").read_bytes() == adapter
+
+    tokens = out / "books.tokens.safetensors"
+    tokens.write_bytes(tokens.read_bytes()[:100])  # cut short, as by a crash while it was copied
+    assert main([*train, "--window", "16", "--overwrite"]) == 0
+    assert f"focus train: {tokens} is unreadable" in capsys.readouterr().err
+    assert json.loads((out / "summary.json").read_text())["focus_config"]["window"] == 16
 
 
 def test_bench_writes_the_decode_tables_and_refuses_malformed_settings(tmp_path, capsys):

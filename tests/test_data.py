@@ -1,14 +1,18 @@
 import json
 import logging
+import re
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
 from focus import data
 from focus.data import MIRROR_ENV, chunk_tokens, find_mirror, load_corpus, split_book, tokenize_corpus
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -273,3 +277,32 @@ def test_a_damaged_mirror_fails_profile_validation_in_one_line(mirror_copy):
     with pytest.raises(ConfigError, match=r"^data\.domains\.books: .*books\.jsonl: .* bytes, MANIFEST\.json says") as info:
         resolve_profile(config, schema)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("content, found", [("", "not valid JSON"), ('{"files": [', "not valid JSON"),
+                                            ("[]", "found list"), ('{"files": {"a": 1}}', "found dict")])
+def test_a_damaged_manifest_is_one_error_naming_it_in_the_library_the_command_and_a_profile(mirror_copy, content,
+                                                                                             found, capsys):
+    from focus.cli import main
+    from focus.config import ConfigError
+    from focus.pipeline.profile import resolve_profile
+
+    manifest = mirror_copy / "MANIFEST.json"
+    manifest.write_text(content)
+    data._manifest_entries.cache_clear()
+    with pytest.raises(data.MirrorError, match=re.escape(str(manifest))) as info:
+        load_corpus("books", "train", mirror_copy)
+    assert found in str(info.value) and "\n" not in str(info.value)
+
+    assert main(["train", "--model", "tiny:llama", "--mirror", str(mirror_copy), "--output", str(mirror_copy / "run"),
+                 "--seq_len", "64", "--window", "8"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and str(manifest) in error and found in error
+    assert not (mirror_copy / "run").exists()
+
+    profile = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
+    profile["data"] = {"mirror": str(mirror_copy), "domains": {"books": ["train", "validation", "test"]}}
+    profile["perplexity"]["domains"] = ["books"]
+    schema = yaml.safe_load((ROOT / "workflow" / "schemas" / "config.schema.yaml").read_text())
+    with pytest.raises(ConfigError, match=re.escape(str(manifest))):
+        resolve_profile(profile, schema)

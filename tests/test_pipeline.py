@@ -88,6 +88,13 @@ def test_tiny_profile_on_the_slurm_executor_asks_for_no_gpu(tmp_path):
     assert sum("gpu=0" in line for line in resources) > 40  # training and evaluation jobs say so
 
 
+def test_an_empty_profile_is_refused_not_read_as_the_tiny_one(tmp_path):
+    (tmp_path / "empty.yaml").write_text("{}\n")
+    result = snakemake(tmp_path, "--configfile", str(tmp_path / "empty.yaml"), "-n", check=False)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert f"config error: {tmp_path / 'empty.yaml'} is empty" in result.stderr.splitlines()
+
+
 def test_bad_config_is_one_line_before_any_job(tmp_path):
     config = json.loads(json.dumps(MINI))
     config["focus"]["windw"] = 3

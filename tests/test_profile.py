@@ -168,6 +168,10 @@ BAD = {
         lambda c: c["models"]["smollm2"].update(gpus=3),
         "models.smollm2.centroids.batch_size (2) must be a multiple of models.smollm2.gpus (3)",
     ),
+    "window over the whole training row": (
+        lambda c: c["focus"].update(window=512),
+        "models.smollm2 variant focus: focus.window (512) must be < train.seq_len (512): a window over the whole row",
+    ),
 }
 
 

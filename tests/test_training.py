@@ -285,6 +285,22 @@ def test_mismatched_checkpoint_is_refused_and_changes_nothing(tmp_path):
         train_parameters(with_trainable_head(tiny_llama()), data, config, tmp_path, progress=False)
 
 
+def test_a_checkpoint_of_another_focus_config_is_refused(tmp_path):
+    """Another window (or any FocusConfig field) trains other centroids: resuming them would mix the two runs."""
+    data = pattern_data()
+    config = TrainConfig(steps=2, batch_size=4, checkpoint_every=1)
+    calibration = data[:2]
+    model = apply_focus(tiny_llama(), FocusConfig(num_groups=4, window=4), calibration_ids=calibration)
+    train_parameters(model, data, config, tmp_path, progress=False)
+    files = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    wider = apply_focus(tiny_llama(), FocusConfig(num_groups=4, window=6), calibration_ids=calibration)
+    with pytest.raises(CheckpointError, match=r"FocusConfig.window=4, this run has 6; use a new output_dir"):
+        train_parameters(wider, data, config, tmp_path, progress=False)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == files
+    again = apply_focus(tiny_llama(), FocusConfig(num_groups=4, window=4, mode="hard"), calibration_ids=calibration)
+    train_parameters(again, data, config, tmp_path, progress=False)  # the mode is not a setting of the run
+
+
 def test_epochs_visit_a_fresh_permutation_of_full_batches(tmp_path):
     model = with_trainable_head(tiny_llama())
     data = torch.arange(7).repeat_interleave(2).reshape(7, 2)  # row i is [i, i]

@@ -8,8 +8,6 @@ profile needs is in the mirror or reachable on the hub. Each failure is one `Con
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
 from typing import Any
 
 from focus.config import ConfigError, FocusConfig, to_dict, yaml_number_hint
@@ -17,10 +15,8 @@ from focus.data import MirrorError, corpus_location, verify_mirror_file
 from focus.eval.config import InterpretConfig
 from focus.eval.harness import mirror_task_files
 from focus.pipeline.methods import FULL_FINETUNE, MODES, PRETRAINED, lora_name, method_variant
-from focus.sources import PACKAGED_SMOLLM2, TINY_FAMILIES, TINY_PREFIX, position_limit
+from focus.sources import PACKAGED_SMOLLM2, check_model_source, position_limit
 from focus.train.config import ScratchModel, TrainConfig
-
-_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
 
 def resolve_profile(config: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
@@ -64,6 +60,12 @@ def resolve_profile(config: dict[str, Any], schema: dict[str, Any]) -> dict[str,
             merged = {**resolved["centroids"], **baseline, **spec.get("full_finetune", {})}
             resolved["full_finetune"] = _train_dict(f"{where}.full_finetune", merged)
         _check_gpus(where, resolved)
+        for variant, focus_dict in resolved["variants"].items():
+            if focus_dict["window"] >= train["seq_len"]:
+                raise ConfigError(
+                    f"{where} variant {variant}: focus.window ({focus_dict['window']}) must be < train.seq_len "
+                    f"({train['seq_len']}): a window over the whole row leaves no distant pair for the centroids"
+                )
         models[name] = resolved
     profile["models"] = models
     profile["variants"] = variants
@@ -230,28 +232,10 @@ def _check_gpus(where: str, model: dict[str, Any]) -> None:
 
 
 def _check_source(where: str, source: str) -> None:
-    """Refuse sources that cannot load: unknown tiny families, missing folders, hub ids unusable offline."""
-    if source == PACKAGED_SMOLLM2:
-        return
-    if source.startswith(TINY_PREFIX):
-        family = source[len(TINY_PREFIX) :]
-        if family not in TINY_FAMILIES:
-            raise ConfigError(f"{where}.source: unknown tiny model family {family!r}; known: {', '.join(TINY_FAMILIES)}")
-        return
-    path = Path(source).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ConfigError(f"{where}.source: folder {source!r} has no config.json (not a saved model)")
-        return
-    if not _HUB_ID.match(source):
-        raise ConfigError(
-            f"{where}.source: unknown model {source!r}: not {PACKAGED_SMOLLM2!r}, tiny:<family>, an existing "
-            "folder or a hub id (org/name)"
-        )
-    from huggingface_hub import constants, try_to_load_from_cache
-
-    if constants.HF_HUB_OFFLINE and not isinstance(try_to_load_from_cache(source, "config.json"), str):
-        raise ConfigError(f"{where}.source: hub model {source!r} is not in the local hub cache and HF_HUB_OFFLINE=1")
+    try:
+        check_model_source(source)
+    except ConfigError as err:
+        raise ConfigError(f"{where}.source: {err}") from None
 
 
 def _check_data(config: dict[str, Any]) -> None:

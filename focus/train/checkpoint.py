@@ -103,6 +103,7 @@ def save_checkpoint(
     config: TrainConfig,
     fingerprint: str,
     final_metrics: dict[str, Any] | None,
+    focus: dict[str, Any] | None = None,
 ) -> None:
     """Write the full resume state to `path` atomically: a reader sees the old file or the new one.
 
@@ -123,6 +124,7 @@ def save_checkpoint(
             "window": {"loss_sum": window.loss_sum, "aux_sum": window.aux_sum, "steps": window.steps},
             "config": to_dict(config),
             "data_sha256": fingerprint,
+            "focus_config": focus,
             "final_metrics": final_metrics,
         }
         atomic_write(path, lambda tmp: torch.save(state, tmp))
@@ -135,8 +137,10 @@ def load_checkpoint(
     buffers: list[tuple[str, torch.Tensor]],
     config: TrainConfig,
     fingerprint: str,
+    focus: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Read `path` and check it fits this run; every misfit is one CheckpointError line naming it."""
+    """Read `path` and check it fits this run (`focus`: the model's FocusConfig, as `save_checkpoint` got it); every
+    misfit is one CheckpointError line naming it."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # any unreadable file is the same problem to the user
@@ -153,6 +157,13 @@ def load_checkpoint(
             raise CheckpointError(
                 f"{path} was written with TrainConfig.{key}={value!r}, this run has {ours_config.get(key)!r}; "
                 "use a new output_dir to change it"
+            )
+    saved_focus = state.get("focus_config") or {}
+    for key in sorted(set(saved_focus) | set(focus or {})):
+        if saved_focus.get(key) != (focus or {}).get(key):
+            raise CheckpointError(
+                f"{path} was written with FocusConfig.{key}={saved_focus.get(key)!r}, this run has "
+                f"{(focus or {}).get(key)!r}; use a new output_dir to change it"
             )
     if state["data_sha256"] != fingerprint:
         raise CheckpointError(f"{path} was written for different training data; use a new output_dir")

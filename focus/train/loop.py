@@ -42,7 +42,9 @@ from tqdm.auto import tqdm
 
 from focus.attention.recall import collect_recall_loss
 from focus.distributed import average_across_processes, barrier, full_state, is_sharded, rank_and_world
+from focus.config import to_dict
 from focus.models import check_context_length, input_device
+from focus.retrofit import focus_config, has_focus
 from focus.train.checkpoint import (
     CHECKPOINT_NAME,
     LogWindow,
@@ -152,13 +154,15 @@ def train_parameters(
     Raises:
         ValueError: no trainable parameters, malformed data, or a batch_size that the processes cannot share
             equally; nothing is written.
-        CheckpointError: `output_dir/checkpoint.pt` was written for other parameters, data or config.
+        CheckpointError: `output_dir/checkpoint.pt` was written for other parameters, data, TrainConfig or
+            FocusConfig.
     """
     run = _set_up(model, data, config, eval_data, aux_loss)
     output_dir = Path(output_dir)
     checkpoint = output_dir / CHECKPOINT_NAME
     # Read (and check) any checkpoint before touching output_dir, so a refused resume changes nothing.
-    state = load_checkpoint(checkpoint, run.trainable, run.buffers, config, run.fingerprint) if checkpoint.exists() else None
+    state = (load_checkpoint(checkpoint, run.trainable, run.buffers, config, run.fingerprint, focus=run.focus)
+             if checkpoint.exists() else None)
     barrier()  # every process has read the checkpoint before process 0 changes output_dir
     model.eval()
     if state is None:
@@ -221,6 +225,7 @@ def train_parameters(
                     window=window,
                     config=config,
                     fingerprint=run.fingerprint,
+                    focus=run.focus,
                     final_metrics=record if step == config.steps else None,
                 )
             if "train/loss" in record:
@@ -241,6 +246,7 @@ class _Run:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     fingerprint: str
+    focus: dict[str, Any] | None  # the model's FocusConfig, but its mode (which the objective may switch)
 
     @property
     def params(self) -> list[nn.Parameter]:
@@ -277,7 +283,8 @@ def _set_up(
     optimizer = torch.optim.AdamW([p for _, p in trainable], lr=config.lr, weight_decay=config.weight_decay)
     # A plain lambda: LambdaLR then keeps only its step count in state_dict, which is all we need.
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda done: config.lr_factor(done))
-    return _Run(trainable, buffers, optimizer, scheduler, data_fingerprint(data))
+    focus = {key: value for key, value in to_dict(focus_config(model)).items() if key != "mode"} if has_focus(model) else None
+    return _Run(trainable, buffers, optimizer, scheduler, data_fingerprint(data), focus)
 
 
 class _Batches:
