@@ -140,6 +140,17 @@ def _check_corpus(domain: str, splits: list[str], mirror: str | None) -> None:
         corpus_location(domain, split, mirror)  # FileNotFoundError or MirrorError, naming where it looked
 
 
+def _resolve_adapter(adapter: AdapterArguments) -> Path | None:
+    """The adapter's folder, its config read and checked: a wrong path or a damaged adapter is one line at once."""
+    if not adapter.adapter:
+        return None
+    from focus.adapter import read_adapter_config, resolve_adapter
+
+    folder = resolve_adapter(adapter.adapter, adapter.revision)
+    read_adapter_config(folder)
+    return folder
+
+
 def _tokens_usable(path: Path) -> bool:
     """Whether a token file left by an earlier run reads back (a copy cut short, a damaged disk: rebuild it)."""
     if not path.exists():
@@ -148,7 +159,7 @@ def _tokens_usable(path: Path) -> bool:
 
     try:
         read_tokens(path, "train")
-    except Exception as err:  # whatever the damage, the remedy is the same
+    except Exception as err:  # noqa: BLE001 (whatever the damage, the remedy is the same)
         print(f"focus train: {path} is unreadable ({str(err).splitlines()[0] if str(err) else type(err).__name__}); "
               "rebuilding it", file=sys.stderr)
         path.unlink()
@@ -185,12 +196,14 @@ def _train(argv: list[str]) -> int:
 
 
 def _eval(argv: list[str]) -> int:
-    from focus.adapter import resolve_adapter
     from focus.pipeline.stages import evaluate_benchmarks, evaluate_perplexity, prepare_tokens
 
     model, data, adapter, args = _parse("eval", (ModelArguments, DataArguments, AdapterArguments, EvalArguments), argv)
     _check_model(model.model, args.context_length, "--context_length")
-    trained = resolve_adapter(adapter.adapter, adapter.revision) if adapter.adapter else None
+    if args.context_length < 2:
+        raise ValueError(f"--context_length must be at least 2 (a token and the one it predicts), got "
+                         f"{args.context_length}")
+    trained = _resolve_adapter(adapter)
     if not args.tasks:
         _check_corpus(data.domain, [args.split], data.mirror)
     method = f"focus-{adapter.mode}" if trained else "pretrained"
@@ -216,7 +229,7 @@ def _eval(argv: list[str]) -> int:
 def _generate(argv: list[str]) -> int:
     import torch
 
-    from focus.adapter import load_focus, resolve_adapter
+    from focus.adapter import load_focus
     from focus.attention.decoding import FocusCache
     from focus.models import load_model
     from focus.retrofit import set_focus_mode
@@ -228,7 +241,7 @@ def _generate(argv: list[str]) -> int:
         raise ValueError(f"--max_new_tokens must be at least 1, got {args.max_new_tokens}")
     _check_model(model_args.model)
     # The adapter first: a wrong path is one line at once, not after the model loads (or converts, on a fresh cache).
-    trained = resolve_adapter(adapter.adapter, adapter.revision) if adapter.adapter else None
+    trained = _resolve_adapter(adapter)
     model, tokenizer = load_model(model_args.model, getattr(torch, model_args.dtype))
     cache = None
     if trained:

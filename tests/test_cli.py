@@ -46,6 +46,8 @@ CARELESS = {  # argv -> the one line it must end in, before any work (no model l
                         "--lengths must be positive token counts, got -5"),
     "eval context beyond the positions": (["eval", "--model", "tiny:qwen2", "--context_length", "9000"],
                                           "--context_length 9000 is beyond the 2048 positions"),
+    "a folder that holds no adapter": (["eval", "--model", "tiny:qwen2", "--adapter", "{tmp}"],
+                                       "no Focus adapter at {tmp}: focus_config.json not found"),
 }
 
 

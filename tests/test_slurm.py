@@ -194,7 +194,7 @@ def test_a_job_past_its_time_limit_says_so(tmp_path):
     assert result.returncode != 0
     assert "Error in rule train_focus" in output and "SLURM status is: 'TIMEOUT'" in output
     assert re.search(r"SLURM job \d+ \(train_focus\) reached its time limit of 00:01:00: ask for more "
-                     r"\(resources.runtime in minutes, e.g. --set-resources train_focus:runtime=N\)", output)
+                     r"\(runtime, in minutes, under set-resources: train_focus: in the execution profile\)", output)
 
 
 def test_a_restarted_snakemake_waits_for_its_predecessors_jobs_instead_of_resubmitting(tmp_path):

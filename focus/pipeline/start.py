@@ -48,9 +48,9 @@ def _report_slurm_stop(signum, frame) -> None:
     rule = re.sub(r"_wildcards_.*", "", fields.get("Comment", "")).removeprefix("rule_") or "this rule"
     limit, ran = fields.get("TimeLimit", "?"), fields.get("RunTime", "?")
     if limit not in ("?", "UNLIMITED") and _seconds(ran) >= _seconds(limit):
-        print(f"SLURM job {job_id} ({rule}) reached its time limit of {limit}: ask for more (resources.runtime in "
-              f"minutes, e.g. --set-resources {rule}:runtime=N); a training job resumes from its last checkpoint",
-              flush=True)
+        print(f"SLURM job {job_id} ({rule}) reached its time limit of {limit}: ask for more (runtime, in minutes, "
+              f"under set-resources: {rule}: in the execution profile); a training job resumes from its last "
+              "checkpoint", flush=True)
     else:
         print(f"SLURM job {job_id} ({rule}) was stopped after {ran} of its {limit} (scancel, a preemption or the "
               "Snakemake run ending); a training job resumes from its last checkpoint when it runs again", flush=True)
