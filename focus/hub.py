@@ -15,6 +15,7 @@ import math
 import tempfile
 from pathlib import Path
 
+import torch
 from transformers import PreTrainedModel
 
 from focus.adapter import (
@@ -29,8 +30,8 @@ from focus.adapter import (
 from focus.files import atomic_write
 
 
-def load_focus_model(source: str | Path, revision: str | None = None, dtype=None, device: str = "cpu",
-                     strict: bool = True):
+def load_focus_model(source: str | Path, revision: str | None = None, dtype: torch.dtype | None = None,
+                     device: str = "cpu", strict: bool = True):
     """(model, tokenizer): the base model an adapter was saved from, with the adapter on it.
 
     Args:
@@ -39,8 +40,6 @@ def load_focus_model(source: str | Path, revision: str | None = None, dtype=None
         dtype: of the model's weights (torch.float32 when None).
         strict: refuse an adapter whose recorded base model does not load as the same model type.
     """
-    import torch
-
     from focus.models import load_model
 
     directory = resolve_adapter(source, revision)

@@ -1,5 +1,5 @@
-"""The plan of `focus/`: imports run one way through the wings README's module table lists, with no loop, and no
-module grows past the size the house style names."""
+"""The plan of `focus/`: imports run one way through the wings that the module table in docs/library.md lists, with no
+loop, and no module grows past the size the house style names."""
 
 import ast
 from pathlib import Path
@@ -52,7 +52,7 @@ def wing(name: str) -> tuple[int, str]:
         for room, prefixes in rooms.items():
             if any(key == prefix or key.startswith(prefix + ".") for prefix in prefixes):
                 return level, room
-    raise AssertionError(f"{name} is in no wing: add it to WINGS and to README's module table")
+    raise AssertionError(f"{name} is in no wing: add it to WINGS and to the module table in docs/library.md")
 
 
 def graph() -> dict[str, set[str]]:
