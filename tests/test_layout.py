@@ -2,6 +2,8 @@
 loop, and no module grows past the size the house style names."""
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "focus"
@@ -123,6 +125,15 @@ def library_calls(script: Path) -> list[str]:
     return [node.func.id for statement in tree.body if not isinstance(statement, (ast.Import, ast.ImportFrom))
             for node in ast.walk(statement)
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in imported]
+
+
+def test_the_report_wing_reads_files_without_torch():
+    """Report jobs read the records the evaluation jobs wrote: every report module imports without torch (about four
+    seconds of start-up a table or a figure does not need)."""
+    modules = sorted(f"focus.report.{path.stem}" for path in (PACKAGE / "report").glob("*.py"))
+    code = f"import sys; import {', '.join(modules)}; print([m for m in ('torch', 'transformers') if m in sys.modules])"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=PACKAGE.parent)
+    assert len(modules) >= 6 and result.stdout.strip() == "[]"
 
 
 def test_every_rule_script_starts_its_job_then_makes_one_library_call():

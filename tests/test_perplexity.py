@@ -4,7 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from focus.eval.perplexity import paired_ratio, perplexity, sliding_windows, token_nll
+from focus.eval.paired import paired_ratio
+from focus.eval.perplexity import perplexity, sliding_windows, token_nll
 from focus.models import tiny_model
 
 COMBOS = [(8, 8), (8, 3), (8, 1), (16, 5), (7, 7), (13, 4), (64, 64), (64, 7)]  # (context_length, stride)

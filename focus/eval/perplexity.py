@@ -10,7 +10,6 @@ non-overlapping input chunks; smaller strides trade compute for context).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from itertools import groupby
 
 import torch
@@ -116,17 +115,6 @@ def perplexity(
     window_nll = [chunk.mean().item() for chunk in per_token.split(scored)]
     return {"nll": mean, "ppl": math.exp(mean), "tokens": per_token.numel(), "window_nll": window_nll,
             "window_tokens": scored}
-
-
-def paired_ratio(nll: Sequence[float], base_nll: Sequence[float]) -> tuple[float, float, float]:
-    """Perplexity ratio - 1 of a model to a base model scored on the same windows (or rows), with its 95% interval:
-    (ratio, low, high) from the mean per-window difference of NLL +- 1.96 standard errors (paired: the windows'
-    own difficulty cancels, so the interval is the noise of the comparison, not of either perplexity)."""
-    difference = torch.tensor(nll, dtype=torch.float64) - torch.tensor(base_nll, dtype=torch.float64)
-    if difference.numel() < 2:
-        raise ValueError(f"a paired interval needs at least 2 windows, got {difference.numel()}")
-    mean, half = difference.mean().item(), 1.96 * difference.std().item() / math.sqrt(difference.numel())
-    return math.expm1(mean), math.expm1(mean - half), math.expm1(mean + half)
 
 
 def _score_batch(

@@ -8,6 +8,11 @@ PRETRAINED = "pretrained"
 FULL_FINETUNE = "full_finetune"
 MODES = ("soft", "hard")
 
+SCRATCH_METHODS = ("full", "focus")
+SCRATCH_EVALUATED = {"full": "full causal attention", "focus": "Focus soft (as trained)",
+                     "focus-hard": "Focus hard top-k"}
+"""The from-scratch comparison's methods, and what attention each result was evaluated with."""
+
 
 def method_variant(method: str) -> tuple[str, str] | None:
     """("<variant>", "soft"|"hard") for a Focus method name, None for "pretrained" and "full_finetune"."""

@@ -28,14 +28,11 @@ from typing import Any
 from focus.config import FocusConfig, to_dict
 from focus.models import load_tokenizer
 from focus.pipeline.jobs import TrainingJob, default_device
+from focus.pipeline.methods import SCRATCH_METHODS as METHODS
 from focus.retrofit import apply_focus, focus_parameter_count, set_focus_mode
 from focus.train.config import ScratchModel
 from focus.train.loop import evaluate_loss
 from focus.train.scratch import build_model, unigram_loss
-
-METHODS = ("full", "focus")
-EVALUATED = {"full": "full causal attention", "focus": "Focus soft (as trained)", "focus-hard": "Focus hard top-k"}
-"""Method names of the results, and what attention each was evaluated with."""
 
 
 def train_from_scratch(

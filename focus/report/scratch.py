@@ -10,7 +10,8 @@ import pandas as pd
 
 from focus.artifacts import markdown_table, pyplot, save_figure
 from focus.files import write_json, write_text
-from focus.pipeline.scratch import EVALUATED, METHODS
+from focus.pipeline.methods import SCRATCH_EVALUATED as EVALUATED
+from focus.pipeline.methods import SCRATCH_METHODS as METHODS
 
 
 def summarize_scratch(

@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from focus.artifacts import markdown_table, pyplot, save_figure
-from focus.eval.perplexity import paired_ratio
+from focus.eval.paired import paired_ratio
 from focus.files import write_text
 from focus.pipeline.methods import PRETRAINED
 
