@@ -68,6 +68,20 @@ def average_across_processes(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+@torch.no_grad()
+def frozen_checksum(model: nn.Module) -> list[float]:
+    """[sum, sum of squares] in float64 of every frozen parameter of `model`: a fingerprint of the weights a
+    centroid-only training must leave as they were (a change to any weight moves it, unless changes cancel exactly
+    in both sums). A sharded model is gathered one parameter at a time (every process calls this; all get the same)."""
+    totals = [0.0, 0.0]
+    for parameter in model.parameters():
+        if not parameter.requires_grad:
+            values = full_state(parameter.detach()).double()
+            totals[0] += values.sum().item()
+            totals[1] += values.square().sum().item()
+    return totals
+
+
 def rank_and_world() -> tuple[int, int]:
     """(this process's rank, number of processes); (0, 1) when torch.distributed is not initialised."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():

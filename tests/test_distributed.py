@@ -175,6 +175,11 @@ def test_train_focus_stage_on_two_processes_writes_the_single_process_artifacts(
     one, two = summaries[1], summaries[2]
     assert one.keys() == two.keys() and one["trainable_parameters"] == two["trainable_parameters"] == 2 * 2 * 4 * 16
     assert math.isclose(one["final"]["eval/loss"], two["final"]["eval/loss"], rel_tol=1e-5)
+    # The frozen weights' checksum, summed over the shards, is the single-process one, and training left it alone.
+    for summary in (one, two):
+        assert summary["frozen_checksum"]["before"] == summary["frozen_checksum"]["after"]
+    torch.testing.assert_close(torch.tensor(two["frozen_checksum"]["before"], dtype=torch.float64),
+                               torch.tensor(one["frozen_checksum"]["before"], dtype=torch.float64), rtol=1e-9, atol=0)
     adapters = [load_file(tmp_path / str(n) / "adapter" / WEIGHTS_NAME) for n in (1, 2)]
     assert _layout(adapters[0]) == _layout(adapters[1])
     torch.testing.assert_close(adapters[1], adapters[0], atol=1e-6, rtol=1e-5)

@@ -173,6 +173,35 @@ def test_claims_report_lists_every_claim_of_the_paper():
     assert (frame["verdict"] == UNTESTED).all()
 
 
+@pytest.mark.parametrize(("unchanged", "verdict"), [([True, True], HOLDS), ([True, False], FAILS),
+                                                    ([None, None], UNTESTED)])
+def test_retrofit_verdict_comes_from_the_frozen_weights_checksums(unchanged, verdict):
+    training = pd.DataFrame({"model": ["m", "tiny"], "variant": ["focus", "focus"], "trainable_parameters": [9, 4],
+                             "frozen_unchanged": unchanged})
+    full = pd.DataFrame({"model": ["m"], "variant": ["full_finetune"], "trainable_parameters": [100],
+                         "frozen_unchanged": [None]})  # trains every weight: nothing frozen to check
+    frame = judge_claims({"main_model": "m", "train_domain": "books", "training": pd.concat([training, full])})
+    row = frame.set_index("claim").loc["retrofit, centroid-only training, frozen weights"]
+    assert row["verdict"] == verdict
+    if verdict == FAILS:
+        assert "changed: tiny" in row["setting"]
+
+
+def test_a_centroid_training_leaves_the_frozen_weights_checksum_as_it_was(tmp_path):
+    from focus.distributed import frozen_checksum
+    from focus.train.config import TrainConfig
+    from focus.train.loop import train_parameters
+
+    model = apply_focus(tiny_model("llama", seed=0), FocusConfig(num_groups=4, window=4))
+    before = frozen_checksum(model)
+    train_parameters(model, torch.randint(0, 100, (8, 24)), TrainConfig(steps=3, batch_size=2, lr=1e-1), tmp_path,
+                     progress=False)
+    assert frozen_checksum(model) == before
+    with torch.no_grad():
+        model.model.layers[0].mlp.up_proj.weight[0, 0] += 1e-3  # one weight, barely moved
+    assert frozen_checksum(model) != before
+
+
 def _bench(values: dict[str, tuple[float, float]], task="truthfulqa_mc1", model="m") -> pd.DataFrame:
     rows = []
     for method, (value, stderr) in values.items():

@@ -29,7 +29,14 @@ from safetensors.torch import save_file
 from focus.adapter import load_focus, read_adapter_config, save_focus
 from focus.config import FocusConfig, to_dict
 from focus.data import corpus_location, load_corpus, tokenize_corpus
-from focus.distributed import barrier, is_main_process, run_on_processes, shard_model, torchrun_process_group
+from focus.distributed import (
+    barrier,
+    frozen_checksum,
+    is_main_process,
+    run_on_processes,
+    shard_model,
+    torchrun_process_group,
+)
 from focus.eval.harness import run_tasks, write_mirror_tasks, write_samples
 from focus.eval.needle import needle_trials
 from focus.eval.perplexity import perplexity
@@ -98,6 +105,7 @@ def train_focus(
         # After sharding, so that k-means runs on the GPUs through the sharded model (it may fit on none alone).
         calibrate_centroids(model, calibration if job.calibration_rows else None)
         reference = reference_evaluation(model, eval_data, config) if eval_data is not None else {}
+        frozen_before = frozen_checksum(model)
         # The validation curve in the mode the objective trains for: the others than the soft gate's train the hard one.
         eval_mode = config.mode if config.objective == "language_model" else "hard"
         set_focus_mode(model, eval_mode, window=config.window)
@@ -105,7 +113,8 @@ def train_focus(
         set_focus_mode(model, config.mode, window=config.window)
         save_focus(model, adapter_dir, base_model=source)
         record.update(focus_config=to_dict(config), trainable_parameters=focus_parameter_count(model),
-                      reference_eval=reference, eval_mode=eval_mode)
+                      reference_eval=reference, eval_mode=eval_mode,
+                      frozen_checksum={"before": frozen_before, "after": frozen_checksum(model)})
         if is_main_process():
             write_model_card(adapter_dir, training={**record, "train": job.train})
         return job.finish(source, record)

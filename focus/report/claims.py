@@ -28,15 +28,23 @@ class Claim:
 
 
 def _retrofit(r):
-    """Holds when centroid-only training ran for every model of the profile (weights frozen: tests check bitwise)."""
+    """Holds when every Focus training of the profile left its frozen weights as they were: the float64 checksum the
+    training job takes of them before and after (`frozen_unchanged`) agrees for every model; does not hold when one
+    differs; not testable without those records."""
     training = r.get("training")
-    if training is None:
+    if training is None or "frozen_unchanged" not in training:
         return None
     focus = training[training["variant"].map(lambda v: v != "full_finetune" and not v.startswith("lora_"))]
+    checked = focus["frozen_unchanged"].dropna()
+    if checked.empty:
+        return None
     counts = ", ".join(f"{row.model} {row.trainable_parameters:,}" for row in focus.itertuples())
     models = focus["model"].nunique()
     ours = f"centroid-only training on {models} model{'s' if models > 1 else ''}: {counts} trainable parameters"
-    return ours, "frozen base weights; architectures: " + ", ".join(sorted(set(focus["model"]))), HOLDS
+    changed = sorted(set(focus.loc[checked.index[~checked.astype(bool)], "model"]))
+    setting = (f"frozen weights unchanged (checksum before = after) for {len(checked)} of {len(focus)} trainings; "
+               f"changed: {', '.join(changed) or 'none'}; architectures: {', '.join(sorted(set(focus['model'])))}")
+    return ours, setting, FAILS if changed else HOLDS
 
 
 def _focus_against_pretrained(frame: pd.DataFrame, keys: list[str]) -> tuple[float, dict[str, pd.Series]]:

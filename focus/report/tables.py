@@ -48,8 +48,16 @@ def training_frame(summaries: list[str | Path]) -> pd.DataFrame:
             "eval_ppl": final.get("eval/ppl"),
             "seconds": summary["seconds"],
             "resumed": summary["resumed"],
+            "frozen_unchanged": _frozen_unchanged(summary),
         })
     return pd.DataFrame(rows)
+
+
+def _frozen_unchanged(summary: dict) -> bool | None:
+    """Whether the frozen weights' checksum was the same after training as before; None where none was recorded
+    (a baseline that trains every weight, or a run from before the checksum)."""
+    checksum = summary.get("frozen_checksum")
+    return None if checksum is None else checksum["before"] == checksum["after"]
 
 
 def perplexity_markdown(frame: pd.DataFrame) -> str:
