@@ -239,7 +239,8 @@ def _generate(argv: list[str]) -> int:
         raise ValueError("--prompt is empty: give the text to continue")
     if args.max_new_tokens < 1:
         raise ValueError(f"--max_new_tokens must be at least 1, got {args.max_new_tokens}")
-    _check_model(model_args.model)
+    # At least one prompt token: what fits is known before the tokenizer loads (the prompt's length after).
+    _check_model(model_args.model, 1 + args.max_new_tokens, "a prompt token + --max_new_tokens =")
     # The adapter first: a wrong path is one line at once, not after the model loads (or converts, on a fresh cache).
     trained = _resolve_adapter(adapter)
     model, tokenizer = load_model(model_args.model, getattr(torch, model_args.dtype))

@@ -28,7 +28,7 @@ def test_unknown_commands_and_missing_adapters_are_one_line_errors(tmp_path, cap
     assert error.startswith("focus generate: error: no Focus adapter at ") and "\n" not in error
 
 
-CARELESS = {  # argv -> the one line it must end in, before any work (no model loaded but a tiny one)
+CARELESS = {  # argv -> the one line it ends in, before a model or tokenizer loads (or converts, on a new machine)
     "window covers the row": (["train", "--model", "tiny:llama", "--output", "{tmp}/run", "--seq_len", "64"],
                               "--window 256 covers every --seq_len 64 tokens of a row"),
     "row beyond the positions": (["train", "--model", "tiny:gpt2", "--output", "{tmp}/run", "--seq_len", "4096",
@@ -41,7 +41,7 @@ CARELESS = {  # argv -> the one line it must end in, before any work (no model l
                         "--seq_len", "64", "--window", "8"], "unknown corpus 'novels'"),
     "empty prompt": (["generate", "--model", "tiny:llama", "--prompt", ""], "--prompt is empty"),
     "generation beyond the positions": (["generate", "--model", "tiny:llama", "--prompt", "Hi", "--max_new_tokens",
-                                         "5000"], "+ --max_new_tokens = 50"),
+                                         "5000"], "a prompt token + --max_new_tokens = 5001 is beyond the 2048"),
     "negative length": (["bench", "--kind", "decode", "--lengths", "-5", "--model", ""],
                         "--lengths must be positive token counts, got -5"),
     "eval context beyond the positions": (["eval", "--model", "tiny:qwen2", "--context_length", "9000"],

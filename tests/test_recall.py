@@ -9,7 +9,7 @@ from safetensors.torch import save_file
 from test_reference import padded_causal_mask
 from test_training import tiny_llama
 
-from focus import FocusConfig, apply_focus, load_focus, set_focus_mode
+from focus import FocusConfig, apply_focus, load_focus
 from focus.adapter import read_adapter_config
 from focus.attention.recall import recall_loss
 from focus.attention.reference import sink_keys
@@ -86,7 +86,7 @@ def test_training_for_recall_keeps_the_model_output_and_raises_recall(tmp_path):
 
 
 @pytest.mark.parametrize("objective", ["attention_recall", "straight_through"])
-def test_the_training_stage_scores_hard_trained_centroids_in_hard_mode_and_saves_the_configured_mode(tmp_path, objective):
+def test_the_training_stage_scores_hard_trained_centroids_in_hard_mode_and_saves_them_for_it(tmp_path, objective):
     ids = torch.randint(3, 4000, (12 * 32,), generator=torch.Generator().manual_seed(2), dtype=torch.int32)
     tokens = tmp_path / "tokens.safetensors"
     save_file({"train": ids[: 8 * 32], "validation": ids[8 * 32 :]}, str(tokens))
@@ -97,10 +97,9 @@ def test_the_training_stage_scores_hard_trained_centroids_in_hard_mode_and_saves
     assert summary["eval_mode"] == "hard"
     assert math.isfinite(summary["final"].get("train/recall_loss", math.nan)) == (objective == "attention_recall")
     saved = read_adapter_config(tmp_path / "adapter")["focus_config"]
-    assert saved["objective"] == objective and saved["mode"] == "soft"  # as configured: users choose
-    # The curve's last point is the hard model's validation loss with the saved centroids.
+    assert saved["objective"] == objective and saved["mode"] == "hard"  # the mode it trained for, as it loads
+    # The curve's last point is the hard model's validation loss with the saved centroids, as they load.
     model, _ = load_model("tiny:llama")
     load_focus(model, tmp_path / "adapter")
-    set_focus_mode(model, "hard")
     validation = ids[8 * 32 :].long().view(-1, 32)[:2]
     assert evaluate_loss(model, validation) == pytest.approx(summary["final"]["eval/loss"], rel=1e-5)
