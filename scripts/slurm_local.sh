@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A one-node SLURM on this machine, to try the pipeline's cluster path (profiles/slurm-local) without a cluster.
 #
-#   scripts/slurm_local.sh start    # install (Debian's slurm-wlm + munge, about a minute once), configure, start
+#   scripts/slurm_local.sh start    # install (Debian's slurm-wlm + munge, once: 10 s here), configure, start
 #   scripts/slurm_local.sh status   # the node and the queue
 #   scripts/slurm_local.sh stop     # cancel every job, stop the daemons (the configuration stays)
 #
@@ -12,7 +12,7 @@
 #
 # A second node, `gpu-node` in partition `paper-check`, is declared like a cluster's GPU node (8 GPUs, 2 TB,
 # 128 cores; its slurmd runs here too, trusting the declaration): `sbatch --test-only -p paper-check` against it
-# tells whether a request could ever be met (workflow/cluster_check.py). Nothing is sent there to run.
+# tells whether a request could ever be met (scripts/slurm_check.py). Nothing is sent there to run.
 # Accounting is off: job status comes from squeue (profiles/slurm-local says so).
 set -euo pipefail
 
@@ -48,7 +48,7 @@ write_config() {
     memory=$(awk '/MemTotal/ {printf "%d", $2 / 1024 * 0.9}' /proc/meminfo)
     mkdir -p "$conf_dir" "$log_dir" "$spool/slurmctld"
     cat >"$conf_dir/slurm.conf.new" <<EOF
-# Written by focus scripts/slurm_local.sh: a one-node cluster with fake GPUs.
+# Written by focus scripts/slurm_local.sh: this machine as a node with fake GPUs, and a GPU node for --test-only.
 ClusterName=focus-local
 SlurmctldHost=$host
 SlurmUser=root
