@@ -13,7 +13,6 @@ focus_config.json always holds a complete adapter.
 from __future__ import annotations
 
 import json
-import re
 import warnings
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from focus.distributed import barrier, copy_full_, full_state, is_main_process
 from focus.files import atomic_write, write_json
 from focus.provenance import git_commit
 from focus.retrofit import apply_focus, attention_modules, focus_config, has_focus, head_shape
+from focus.sources import HUB_ID
 from focus.version import __version__
 
 CONFIG_NAME = "focus_config.json"
@@ -48,10 +48,11 @@ def save_focus(model: PreTrainedModel, directory: str | Path, base_model: str | 
         tensors[f"layers.{i}.centroids"] = full_state(module.focus_centroids.detach()).float().cpu().contiguous()
         tensors[f"layers.{i}.group_bias"] = full_state(module.focus_group_bias.detach()).float().cpu().contiguous()
     if is_main_process():
+        config = focus_config(model)
         record = {
             "format": FORMAT,
             # The mode it loads in: the one it was trained for, whatever mode the model was in when saved.
-            "focus_config": to_dict(focus_config(model).replace(mode=focus_config(model).trained_mode)),
+            "focus_config": to_dict(config.replace(mode=config.trained_mode)),
             "base_model": base_model or getattr(model.config, "_name_or_path", "") or "unknown",
             "model_type": model.config.model_type,
             "num_layers": len(modules),
@@ -71,7 +72,6 @@ class AdapterError(ValueError):
 
 
 _REQUIRED = ("focus_config", "num_layers", "centroid_shape", "base_model", "model_type")
-_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
 
 def read_adapter_config(directory: str | Path) -> dict:
@@ -114,7 +114,7 @@ def resolve_adapter(source: str | Path, revision: str | None = None, token: str 
         if revision is not None:
             raise ValueError(f"revision={revision!r} names a hub revision, but {source} is a local folder")
         return path
-    if not _HUB_ID.match(str(source)):
+    if not HUB_ID.match(str(source)):
         raise FileNotFoundError(f"no Focus adapter at {source}: no such folder (and not a hub repo id, user/name)")
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
@@ -192,7 +192,7 @@ def _check_base_model(model: PreTrainedModel, record: dict, directory: Path, str
 
 
 def _is_hub_id(name: str) -> bool:
-    return bool(_HUB_ID.match(name)) and not Path(name).expanduser().exists()
+    return bool(HUB_ID.match(name)) and not Path(name).expanduser().exists()
 
 
 def _read_tensors(directory: Path, layers: int, centroid_shape: tuple[int, ...]) -> dict[str, torch.Tensor]:

@@ -28,7 +28,8 @@ TINY_POSITIONS = 2048
 """The positions of every tiny model (`focus.models.tiny_config`)."""
 
 
-_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+"""A hub repo id, `org/name`."""
 
 
 def check_model_source(source: str) -> None:
@@ -50,7 +51,7 @@ def check_model_source(source: str) -> None:
         if not (path / "config.json").is_file():
             raise ConfigError(f"folder {source!r} has no config.json (not a saved model)")
         return
-    if not _HUB_ID.match(source):
+    if not HUB_ID.match(source):
         raise ConfigError(f"unknown model {source!r}: not {PACKAGED_SMOLLM2!r}, tiny:<family>, an existing folder "
                           "or a hub id (org/name)")
     from huggingface_hub import constants, try_to_load_from_cache

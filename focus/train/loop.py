@@ -30,9 +30,10 @@ import logging
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,8 +42,8 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from focus.attention.recall import collect_recall_loss
-from focus.distributed import average_across_processes, barrier, full_state, is_sharded, rank_and_world
 from focus.config import to_dict
+from focus.distributed import average_across_processes, barrier, full_state, is_sharded, rank_and_world
 from focus.models import check_context_length, input_device
 from focus.retrofit import focus_config, has_focus
 from focus.train.checkpoint import (
@@ -283,7 +284,9 @@ def _set_up(
     optimizer = torch.optim.AdamW([p for _, p in trainable], lr=config.lr, weight_decay=config.weight_decay)
     # A plain lambda: LambdaLR then keeps only its step count in state_dict, which is all we need.
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda done: config.lr_factor(done))
-    focus = {key: value for key, value in to_dict(focus_config(model)).items() if key != "mode"} if has_focus(model) else None
+    focus = None
+    if has_focus(model):  # the mode is not a setting of the run: the objective switches it
+        focus = {key: value for key, value in to_dict(focus_config(model)).items() if key != "mode"}
     return _Run(trainable, buffers, optimizer, scheduler, data_fingerprint(data), focus)
 
 
