@@ -7,7 +7,7 @@ over processes); optimizer state exists for the centroid shards only. FSDP2 shar
 weights and trainable centroids can live in the same layer.
 
 Data parallelism: each process scores its own rows of every global batch. The running group-balance bias that
-inference routing uses is averaged across processes in `focus.attention.function.route`, so every process (and a
+inference routing uses is averaged across processes in `focus.attention.routing.route_keys`, so every process (and a
 single-process run on the same global batch) ends with the same buffers. `focus.train.train_parameters` splits
 every batch over the processes and writes whole (gathered) tensors in the single-process checkpoint format.
 

@@ -16,9 +16,9 @@ from torch import nn
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from focus.attention.function import FOCUS_ATTENTION, focus_attention, key_positions, routing_vectors
+from focus.attention.function import FOCUS_ATTENTION, focus_attention
 from focus.attention.reference import unmodified_attention
-from focus.attention.routing import spherical_kmeans
+from focus.attention.routing import key_positions, routing_vectors, spherical_kmeans
 from focus.config import FocusConfig
 from focus.distributed import copy_full_
 from focus.models import input_device

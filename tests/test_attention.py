@@ -5,9 +5,9 @@ import torch
 from torch import nn
 
 from focus import FocusConfig
-from focus.attention.function import focus_attention, route
-from focus.attention.reference import dense_attention, hard_allowed, sink_keys, soft_bias
-from focus.attention.routing import routing_logits, top_k_groups
+from focus.attention.function import focus_attention
+from focus.attention.reference import dense_attention, hard_allowed, soft_bias
+from focus.attention.routing import route_keys, routing_logits, sink_keys, top_k_groups
 
 
 def make_layer(config: FocusConfig, kv_heads: int, head_dim: int, seed: int = 0) -> nn.Module:
@@ -37,7 +37,7 @@ def reference_attention(layer, q, key, v, mask, scaling=None, softcap=None):
     config = layer.focus_config
     q_len, k_len = q.shape[-2], key.shape[-2]
     valid = None if mask is None else mask.any(dim=-2)[:, 0]
-    log_p = route(layer, key if config.route_on == "key" else v, valid)
+    log_p = route_keys(layer, key if config.route_on == "key" else v, valid)
     if config.route_queries == "query":  # each query head against its key/value head's centroids, written out
         centroids = layer.focus_centroids
         per_head = torch.stack([centroids[min(h * centroids.shape[0] // q.shape[1], centroids.shape[0] - 1)]

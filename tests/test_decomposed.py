@@ -11,7 +11,8 @@ from focus.attention.decomposed import (
     theoretical_ratio,
 )
 from focus.attention.fast_path import current_fast_path, fast_path, use_fast_path
-from focus.attention.reference import causal_pairs, dense_attention, hard_allowed, sink_keys
+from focus.attention.reference import causal_pairs, dense_attention, hard_allowed
+from focus.attention.routing import sink_keys
 
 
 def random_groups(b, k_heads, length, num_groups, top_k, generator, empty=()):

@@ -5,8 +5,8 @@ import torch
 from test_attention import make_inputs, make_layer
 
 from focus import FocusConfig, apply_focus, remove_focus
-from focus.attention.reference import dense_attention, hard_allowed, sink_keys
-from focus.attention.routing import top_k_groups
+from focus.attention.reference import dense_attention, hard_allowed
+from focus.attention.routing import sink_keys, top_k_groups
 from focus.data import chunk_tokens, load_corpus, tokenize_corpus
 from focus.eval.diagnostics import _oracle_attention, distant_attention_recall, oracle_selection
 from focus.models import tiny_model

@@ -12,7 +12,7 @@ from test_training import tiny_llama
 from focus import FocusConfig, apply_focus, load_focus
 from focus.adapter import read_adapter_config
 from focus.attention.recall import recall_loss
-from focus.attention.reference import sink_keys
+from focus.attention.routing import sink_keys
 from focus.models import load_model
 from focus.pipeline.jobs import TrainingJob
 from focus.pipeline.stages import train_focus

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from focus.attention.growing_cache import GrowingCache
-from focus.attention.routing import group_membership, inference_log_assign, routing_logits, top_k_groups
+from focus.attention.routing import cache_key_groups, group_membership
 
 CACHE_INDEX_ATTRIBUTE = "focus_cache_index"
 """A `GroupIndex` set under this name on a Focus attention module by `FocusCache.update`, taken by the next call."""
@@ -252,9 +252,7 @@ def index_new_keys(
             raise RuntimeError(f"the Focus group index holds {index.length} keys but the cache {past}: "
                                "a FocusCache must see every key from the first")
         index.truncate(past)  # the cache was cropped
-    logits = routing_logits(key_vectors.detach(), module.focus_centroids, module.focus_config.temperature)
-    groups = top_k_groups(inference_log_assign(logits, module.focus_group_bias), module.focus_config.top_k)
-    index.extend(groups, valid)
+    index.extend(cache_key_groups(module, key_vectors), valid)
 
 
 def sparse_decode_attention(

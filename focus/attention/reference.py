@@ -47,17 +47,6 @@ def model_allowed(base_mask: torch.Tensor | None, q_len: int, k_len: int, device
     return base_mask[..., :k_len].bool()
 
 
-def sink_keys(valid: torch.Tensor | None, k_len: int, sink_tokens: int, device=None) -> torch.Tensor:
-    """(B or 1, L) bool: the first `sink_tokens` real (non-padding) keys of each sequence.
-
-    Args:
-        valid: (B, L) bool, False for padding, or None when nothing is padded.
-    """
-    if valid is None:
-        return (torch.arange(k_len, device=device) < sink_tokens)[None]
-    return valid & (valid.long().cumsum(dim=-1) <= sink_tokens)
-
-
 def split_query_heads(x: torch.Tensor, k_heads: int) -> torch.Tensor:
     """(B, K or H or 1, ...) -> (B, K or 1, R or 1, ...): a query-head axis per key/value head.
 

@@ -1,15 +1,24 @@
-"""Routing tokens to groups: centroid scores, log-domain Sinkhorn balancing, hard top-k, k-means init.
+"""Routing tokens to groups: the one place Focus decides which groups a token joins.
 
-Pure tensor functions, no modules. Shapes use B batch, H routing heads (key/value heads), L tokens,
-G groups, D vector size.
+Two layers. The tensor functions (centroid scores, log-domain Sinkhorn balancing, hard top-k, k-means init) take
+tensors only. The layer functions below them (`route_call`, `cache_key_groups`, `step_query_groups`) route one
+attention call of a Focus layer, reading its config, centroids and balance bias off the module; the dense
+reference, the decomposed prefill and the decoding step all route through them, so a routing change is written once.
+
+Shapes use B batch, H query heads, K key/value (routing) heads, Q queries, L tokens, G groups, D vector size.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
+from focus.config import FocusConfig
+from focus.distributed import average_across_processes
 
 
 def routing_logits(vectors: torch.Tensor, centroids: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -152,3 +161,145 @@ def spherical_kmeans(
         counts = torch.bincount(assign, minlength=num_clusters)
         c = torch.where(counts[:, None] > 0, F.normalize(sums, dim=-1), c)
     return c
+
+
+# ---- routing one attention call of a Focus layer ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Routed:
+    """Everything one attention call routed.
+
+    valid: (B, L) bool real (non-padding) keys, or None when nothing is padded.
+    query_log_assign: (B, K or H, Q, G) the queries' log-assignments (H: each query head routes its own vector).
+    key_log_assign: (B, K, L, G) the keys' log-assignments.
+    sinks: (B or 1, L) bool keys in every group (the first real tokens), or None.
+    """
+
+    valid: torch.Tensor | None
+    query_log_assign: torch.Tensor
+    key_log_assign: torch.Tensor
+    sinks: torch.Tensor | None
+
+
+def route_call(
+    module: nn.Module, query: torch.Tensor, key_vectors: torch.Tensor, base_mask: torch.Tensor | None,
+    positions: torch.Tensor,
+) -> Routed:
+    """Route the queries and keys of one attention call of a Focus layer.
+
+    Args:
+        query: (B, H, Q, D) as the layer attends with it (rotary-embedded).
+        key_vectors: (B, K, L, D) the routing vectors of the keys (`routing_vectors`).
+        base_mask: (B, 1, Q, L) bool pairs the model allows, or None (plainly causal).
+        positions: (B or 1, L) positions of the keys (`key_positions`); the queries are the last Q of them.
+    """
+    config: FocusConfig = module.focus_config
+    q_len, k_len = query.shape[-2], key_vectors.shape[-2]
+    valid = None if base_mask is None else base_mask.any(dim=-2)[:, 0]
+    log_p = route_keys(module, key_vectors, valid)
+    if config.route_queries == "query":
+        query_vectors = routing_vectors(module, query, positions[:, k_len - q_len :])
+        log_p_q = route_query_heads(module, query_vectors, key_vectors.shape[1])
+    else:
+        log_p_q = log_p[:, :, k_len - q_len :]  # (B, K, Q, G): a query token is routed by its own key
+    sinks = sink_keys(valid, k_len, config.sink_tokens, key_vectors.device) if config.sink_tokens else None
+    return Routed(valid, log_p_q, log_p, sinks)
+
+
+def route_keys(module: nn.Module, vectors: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+    """Log-assignments (B, K, L, G) of every key token to its layer's groups.
+
+    While the centroids are being trained (grad enabled and they require it), tokens are balanced by
+    Sinkhorn over the sequence and the running group bias is updated; otherwise each token is routed
+    causally by its own logits plus that bias (`inference_log_assign`). The routing input is detached:
+    gradients reach the centroids only, never the frozen network through this path.
+
+    Args:
+        vectors: (B, K, L, D) keys or values.
+        valid: (B, L) bool, False for padding, or None.
+    """
+    config: FocusConfig = module.focus_config
+    logits = layer_routing_logits(module, vectors)
+    if not centroids_training(module):
+        return inference_log_assign(logits, module.focus_group_bias)
+    log_p, potential = sinkhorn(logits, config.sinkhorn_iters, None if valid is None else valid[:, None])
+    with torch.no_grad():
+        # Every process of a data-parallel run keeps the same bias: the mean over the whole global batch.
+        step_mean = average_across_processes(potential.mean(dim=0))  # (K, G)
+        if module.focus_centroids.shape[0] == 1:  # shared centroids: one bias row for all heads
+            step_mean = step_mean.mean(dim=0, keepdim=True)
+        module.focus_group_bias.lerp_(step_mean.to(module.focus_group_bias.dtype), 1 - config.balance_momentum)
+    return log_p
+
+
+def cache_key_groups(module: nn.Module, key_vectors: torch.Tensor) -> torch.Tensor:
+    """(B, K, n, top_k) int64 the groups of keys entering a KV cache: inference routing, as `route_keys` routes
+    them outside training. `key_vectors` (B, K, n, D) are their routing vectors."""
+    logits = layer_routing_logits(module, key_vectors)
+    return top_k_groups(inference_log_assign(logits, module.focus_group_bias), module.focus_config.top_k)
+
+
+def step_query_groups(module: nn.Module, query: torch.Tensor, position: torch.Tensor, k_heads: int) -> torch.Tensor:
+    """(B, H, top_k) int64 the groups of the query heads of one decoding step: `query` (B, H, 1, D) at `position`
+    (B or 1, 1), routed as `route_call` routes queries under `route_queries="query"`; `k_heads` key/value heads."""
+    log_assign = route_query_heads(module, routing_vectors(module, query, position), k_heads)
+    return top_k_groups(log_assign, module.focus_config.top_k)[:, :, 0]
+
+
+def route_query_heads(module: nn.Module, query: torch.Tensor, k_heads: int) -> torch.Tensor:
+    """Log-assignments (B, H, Q, G) of every query head's query vector to the groups of its key/value head.
+
+    A plain softmax over groups, in training as at inference: a query's groups depend on that query alone (causal,
+    stateless in decoding), and balance is the keys' business (their groups set how many keys each query reads).
+    The query is detached, as the keys are: gradients reach the centroids only.
+
+    Args:
+        query: (B, H, Q, D), H = K * R.
+    """
+    centroids = module.focus_centroids  # (K or 1, G, D)
+    if centroids.shape[0] == k_heads and k_heads > 1:
+        centroids = centroids.repeat_interleave(query.shape[1] // k_heads, dim=0)  # (H, G, D)
+    logits = routing_logits(query.detach(), centroids, module.focus_config.temperature)
+    return torch.log_softmax(logits, dim=-1)
+
+
+def layer_routing_logits(module: nn.Module, vectors: torch.Tensor) -> torch.Tensor:
+    """(B, K, L, G) float32 routing logits of one Focus layer: `vectors` (B, K, L, D), detached, against its centroids."""
+    return routing_logits(vectors.detach(), module.focus_centroids, module.focus_config.temperature)
+
+
+def routing_vectors(module: nn.Module, vectors: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """What a Focus layer routes: `vectors` (B, heads, L, D) at `positions` (B or 1, L), with the layer's rotary
+    embedding undone when the config asks for it and the model has one (float32 then; else unchanged)."""
+    inv_freq = getattr(module, "focus_inv_freq", None)
+    if not module.focus_config.unrotate or inv_freq is None:
+        return vectors
+    return undo_rotary(vectors, positions, inv_freq)
+
+
+def key_positions(position_ids: torch.Tensor | None, k_len: int, device: torch.device) -> torch.Tensor:
+    """(B or 1, L) positions of the keys. The queries are the last keys, and positions run on by one per key: true
+    of a whole sequence, of a KV cache, and of left padding as generate() numbers it (padding keys, numbered
+    otherwise, are never in a pair). So the positions of a cache follow from the queries' alone: no state."""
+    steps = torch.arange(k_len, device=device)[None]
+    if position_ids is None:
+        return steps
+    return position_ids[:, -1:].to(device) - (k_len - 1) + steps
+
+
+def centroids_training(module: nn.Module) -> bool:
+    """Whether this call trains the layer's centroids (grad enabled and they require it)."""
+    return torch.is_grad_enabled() and module.focus_centroids.requires_grad
+
+
+def sink_keys(valid: torch.Tensor | None, k_len: int, sink_tokens: int, device=None) -> torch.Tensor:
+    """(B or 1, L) bool: the first `sink_tokens` real (non-padding) keys of each sequence, which belong to every group
+    (attention sinks).
+
+    Args:
+        valid: (B, L) bool, False for padding, or None when nothing is padded.
+    """
+    if valid is None:
+        return (torch.arange(k_len, device=device) < sink_tokens)[None]
+    return valid & (valid.long().cumsum(dim=-1) <= sink_tokens)

@@ -24,7 +24,6 @@ from torch import nn
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from focus.attention.function import key_positions, route_call, routing_vectors
 from focus.attention.reference import (
     dense_attention,
     hard_allowed,
@@ -33,7 +32,7 @@ from focus.attention.reference import (
     split_query_heads,
     unmodified_attention,
 )
-from focus.attention.routing import top_k_groups
+from focus.attention.routing import key_positions, route_call, routing_vectors, top_k_groups
 from focus.models import input_device
 from focus.retrofit import attention_modules, has_focus
 
@@ -147,8 +146,10 @@ def _pattern_and_logits(module: nn.Module, query, key, value, attention_mask, sc
     base_mask = None if attention_mask is None else attention_mask[..., :k_len]
     positions = key_positions(position_ids, k_len, key.device)
     key_vectors = routing_vectors(module, key if config.route_on == "key" else value, positions)
-    _, log_p_q, log_p, sinks = route_call(module, query, key_vectors, base_mask, positions)
-    groups_q, groups = top_k_groups(log_p_q, config.top_k), top_k_groups(log_p, config.top_k)
+    routed = route_call(module, query, key_vectors, base_mask, positions)
+    sinks = routed.sinks
+    groups_q = top_k_groups(routed.query_log_assign, config.top_k)
+    groups = top_k_groups(routed.key_log_assign, config.top_k)
     kept = hard_allowed(groups_q, groups, config.num_groups, config.window, base_mask, sinks)
     kept = split_query_heads(kept, k_heads).expand(b, k_heads, h // k_heads, q_len, k_len).flatten(1, 2)
 

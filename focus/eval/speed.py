@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from focus.attention.decomposed import decomposed_hard_attention, pair_counts, select_backend
-from focus.attention.reference import sink_keys
+from focus.attention.routing import sink_keys
 
 
 def parse_settings(values: list[str], fields: str = "groups:window:top_k") -> list[list[int]]:
