@@ -174,6 +174,14 @@ class FocusConfig:
             "loses as little of the pretrained model as it can at its cost."
         },
     )
+    distill: float = field(
+        default=0.0,
+        metadata={
+            "help": "Training only: add this weight x KL(pretrained || Focus) of the next-token distributions to "
+            "the objective (the same model with Focus switched off is the teacher), so that the centroids gain on "
+            "the training domain without moving the model away from what it knew (0 = off)."
+        },
+    )
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -205,6 +213,8 @@ class FocusConfig:
             )
         if self.unrotate and self.route_on != "key":
             raise ConfigError(f"FocusConfig.unrotate needs route_on='key' (values carry no rotation), got {self.route_on!r}")
+        if not (self.distill >= 0 and math.isfinite(self.distill)):
+            raise ConfigError(f"FocusConfig.distill must be a finite number >= 0, got {self.distill}")
         if not 0 < self.gate_floor < 1:
             raise ConfigError(f"FocusConfig.gate_floor must be in (0, 1), got {self.gate_floor}")
 

@@ -8,8 +8,10 @@ and sliding-window masking.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -172,6 +174,18 @@ def remove_focus(model: PreTrainedModel) -> PreTrainedModel:
         param.requires_grad_(original["requires_grad"][name])
     del model._focus_original
     return model
+
+
+@contextlib.contextmanager
+def focus_disabled(model: PreTrainedModel) -> Iterator[PreTrainedModel]:
+    """Within the block every layer attends as the pretrained model does (centroids kept, untouched)."""
+    if not has_focus(model):
+        raise ValueError("model has no Focus; call apply_focus first")
+    model.set_attn_implementation(model._focus_original["attn_implementation"])
+    try:
+        yield model
+    finally:
+        model.set_attn_implementation(FOCUS_ATTENTION)
 
 
 def set_focus_mode(model: nn.Module, mode: str, **changes) -> None:

@@ -11,13 +11,14 @@ from test_training import tiny_llama
 
 from focus import FocusConfig, apply_focus, load_focus
 from focus.adapter import read_adapter_config
-from focus.attention.recall import recall_loss
+from focus.attention.recall import LOSSES_ATTRIBUTE, recall_loss
 from focus.attention.routing import sink_keys
 from focus.models import load_model
 from focus.pipeline.jobs import TrainingJob
 from focus.pipeline.stages import train_focus
 from focus.train.config import TrainConfig
 from focus.train.loop import METRICS_NAME, evaluate_loss, train_parameters
+from focus.train.objective import focus_objective
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -74,7 +75,11 @@ def test_training_for_recall_keeps_the_model_output_and_raises_recall(tmp_path):
     apply_focus(model, FocusConfig(num_groups=4, window=8, top_k=1, objective="attention_recall"), calibration_ids=data)
     centroids = [p.detach().clone() for p in model.parameters() if p.requires_grad]
     config = TrainConfig(steps=20, batch_size=4, lr=5e-2, log_every=1, checkpoint_every=0)
-    train_parameters(model, data, config, tmp_path, progress=False)
+    with pytest.raises(RuntimeError, match="objective does not depend on the trained parameters"):
+        train_parameters(model, data, config, tmp_path / "default", progress=False)  # the next-token loss alone
+    for module in model.modules():
+        getattr(module, LOSSES_ATTRIBUTE, []).clear()
+    train_parameters(model, data, config, tmp_path, objective=focus_objective(model), progress=False)
 
     lines = [json.loads(line) for line in (tmp_path / METRICS_NAME).read_text().splitlines()]
     assert lines[-1]["train/recall_loss"] < lines[0]["train/recall_loss"]

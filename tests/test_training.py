@@ -14,13 +14,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 import transformers
 
 from focus import apply_focus
 from focus.config import ConfigError, FocusConfig
+from focus.retrofit import focus_disabled
 from focus.train.checkpoint import CheckpointError
 from focus.train.config import TrainConfig
 from focus.train.loop import evaluate_loss, train_parameters
+from focus.train.objective import Objective, focus_objective
 
 TESTS_DIR = Path(__file__).resolve().parent
 # Checkpoints at 4 and 8 fall inside logging windows (3, 6, 9), so the window sums must be restored too.
@@ -232,16 +235,17 @@ def test_crash_then_resume_then_finished_run_is_a_noop(tmp_path):
 
 
 def test_resume_restores_the_global_rngs(tmp_path):
-    """An aux loss drawing from torch, random and numpy continues the same streams after a resume."""
+    """An objective term drawing from torch, random and numpy continues the same streams after a resume."""
 
-    def noisy_aux(model):
+    def noisy_term(model, batch, logits):
         noise = torch.rand(()) + random.random() + np.random.rand()
         return model.model.norm.weight.sum() * noise
 
     data = pattern_data()
-    config = TrainConfig(steps=6, batch_size=4, log_every=1, checkpoint_every=2, balance_weight=0.1)
+    config = TrainConfig(steps=6, batch_size=4, log_every=1, checkpoint_every=2)
+    noisy = Objective({"noise": (0.1, noisy_term)})
     expected = with_trainable_head(tiny_llama())
-    train_parameters(expected, data, config, tmp_path / "a", aux_loss=noisy_aux, progress=False)
+    train_parameters(expected, data, config, tmp_path / "a", objective=noisy, progress=False)
 
     def crash(record):
         if record["step"] == 5:
@@ -249,10 +253,10 @@ def test_resume_restores_the_global_rngs(tmp_path):
 
     with pytest.raises(RuntimeError, match="simulated crash"):
         train_parameters(with_trainable_head(tiny_llama()), data, config, tmp_path / "b",
-                        aux_loss=noisy_aux, progress=False, on_log=crash)
+                        objective=noisy, progress=False, on_log=crash)
     random.seed(123)  # whatever the caller did in between must not matter
     resumed = with_trainable_head(tiny_llama())
-    train_parameters(resumed, data, config, tmp_path / "b", aux_loss=noisy_aux, progress=False)
+    train_parameters(resumed, data, config, tmp_path / "b", objective=noisy, progress=False)
     for name, value in training_state(expected).items():
         assert torch.equal(training_state(resumed)[name], value), name
 
@@ -314,20 +318,44 @@ def test_epochs_visit_a_fresh_permutation_of_full_batches(tmp_path):
     assert len({tuple(rows) for rows in epochs}) == 3
 
 
-def test_aux_loss_is_logged_and_weighted(tmp_path):
+def test_objective_terms_are_logged_unweighted_and_minimised_weighted(tmp_path):
     data = pattern_data()
-    aux = lambda model: model.model.norm.weight.pow(2).sum()  # noqa: E731
+    penalty = lambda model, batch, logits: model.model.norm.weight.pow(2).sum()  # noqa: E731
     trained = {}
     for weight in (0.0, 1.0):
         model = with_trainable_head(tiny_llama())
-        config = TrainConfig(steps=3, batch_size=4, balance_weight=weight, log_every=1)
-        final = train_parameters(model, data, config, tmp_path / str(weight), aux_loss=aux, progress=False)
-        assert final["train/aux_loss"] > 0
+        config = TrainConfig(steps=3, batch_size=4, log_every=1)
+        objective = Objective({"penalty": (weight, penalty)})
+        final = train_parameters(model, data, config, tmp_path / str(weight), objective=objective, progress=False)
+        assert final["train/penalty_loss"] > 0
         trained[weight] = model.model.norm.weight.detach().clone()
     assert trained[1.0].pow(2).sum() < trained[0.0].pow(2).sum()  # the penalty pulled the weights down
-    with pytest.raises(ValueError, match="balance_weight=0.5 needs an aux_loss"):
-        train_parameters(with_trainable_head(tiny_llama()), data, TrainConfig(balance_weight=0.5), tmp_path / "x")
-    assert not (tmp_path / "x").exists()
+    with pytest.raises(ValueError, match="nothing to minimise"):
+        Objective({"penalty": (0.0, penalty)}, next_token_weight=0.0)
+
+
+def test_distillation_holds_a_focus_model_near_the_pretrained_one(tmp_path):
+    """The distill term is KL(pretrained || Focus), the teacher being the same model with Focus switched off."""
+    data = pattern_data()
+    model = apply_focus(tiny_llama(), FocusConfig(num_groups=4, window=4, top_k=1, distill=1.0),
+                        calibration_ids=data[:2])
+    with torch.no_grad():
+        focus_logits = model(input_ids=data[:2]).logits
+        with focus_disabled(model):
+            pretrained_logits = model(input_ids=data[:2]).logits
+    assert not torch.allclose(focus_logits, pretrained_logits)  # Focus changes this model: the KL is not 0
+    expected = F.kl_div(F.log_softmax(focus_logits[:, :-1], -1).flatten(0, 1),
+                        F.log_softmax(pretrained_logits[:, :-1], -1).flatten(0, 1), log_target=True,
+                        reduction="batchmean")
+    objective = focus_objective(model)
+    weight, term = objective.terms["distill"]
+    assert weight == 1.0 and objective.next_token_weight == 1.0
+    torch.testing.assert_close(term(model, data[:2], focus_logits), expected)
+    with torch.no_grad():  # Focus is back on after it
+        torch.testing.assert_close(model(input_ids=data[:2]).logits, focus_logits)
+    final = train_parameters(model, data, TrainConfig(steps=2, batch_size=4, log_every=1), tmp_path,
+                             objective=objective, progress=False)
+    assert final["train/distill_loss"] > 0
 
 
 def test_no_trainable_parameters_or_bad_data_is_one_clear_error(tmp_path):
@@ -364,7 +392,6 @@ def test_no_trainable_parameters_or_bad_data_is_one_clear_error(tmp_path):
         ({"log_every": 0}, "log_every"),
         ({"checkpoint_every": -1}, "checkpoint_every"),
         ({"eval_every": -1}, "eval_every"),
-        ({"balance_weight": float("nan")}, "balance_weight"),
         ({"learning_rate": 1e-3}, "learning_rate"),
     ],
 )

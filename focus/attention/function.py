@@ -121,7 +121,11 @@ def _attend(module, query, key, value, attention_mask, scaling, dropout, softcap
         # Training for recall: the layer attends as the pretrained model does, and scores its routing against that.
         loss = recall_loss(query, key, routed.query_log_assign, routed.key_log_assign, config.window, base_mask,
                            routed.sinks, scaling, softcap)
-        module.__dict__.setdefault(LOSSES_ATTRIBUTE, []).append(loss)
+        kept = module.__dict__.setdefault(LOSSES_ATTRIBUTE, [])
+        if kept:  # a training step that never takes the loss would optimise nothing, silently
+            raise RuntimeError("the attention-recall loss of the previous forward pass was never collected: train with "
+                               "objective=focus.train.objective.focus_objective(model)")
+        kept.append(loss)
         return call.unmodified()
     if config.objective == "straight_through" and centroids_training(module):
         # The hard model's forward pass, the soft gate's gradient: out = soft + (hard - soft), the difference detached.

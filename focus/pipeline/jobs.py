@@ -22,6 +22,7 @@ from focus.provenance import provenance
 from focus.train.checkpoint import CHECKPOINT_NAME, CheckpointError
 from focus.train.config import TrainConfig
 from focus.train.loop import METRICS_NAME, train_parameters
+from focus.train.objective import focus_objective
 
 _log = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -106,10 +107,12 @@ class TrainingJob:
         re-runs a job when its parameters change) is discarded with a warning, and training starts over.
         """
         config = config or self.config()
+        objective = focus_objective(model)  # the next-token loss for LoRA and scratch models
         resumed = (self.run_dir / CHECKPOINT_NAME).exists()
         tic = time.perf_counter()
         try:
-            final = train_parameters(model, rows, config, self.run_dir, eval_data=eval_data, progress=self.progress)
+            final = train_parameters(model, rows, config, self.run_dir, eval_data=eval_data, objective=objective,
+                                     progress=self.progress)
         except CheckpointError as err:
             _log.warning("discarding the checkpoint in %s (%s); training from step 0", self.run_dir, err)
             barrier()  # every process has read (and refused) the checkpoint before it goes
@@ -117,7 +120,8 @@ class TrainingJob:
                 shutil.rmtree(self.run_dir)
             barrier()
             resumed = False
-            final = train_parameters(model, rows, config, self.run_dir, eval_data=eval_data, progress=self.progress)
+            final = train_parameters(model, rows, config, self.run_dir, eval_data=eval_data, objective=objective,
+                                     progress=self.progress)
         seconds = time.perf_counter() - tic
         if is_main_process():
             Path(self.metrics).parent.mkdir(parents=True, exist_ok=True)

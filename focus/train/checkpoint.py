@@ -11,7 +11,7 @@ import hashlib
 import json
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,14 +46,13 @@ class LogWindow:
     """Running sums since the last logged step; checkpointed so a resume logs the same averages."""
 
     loss_sum: float = 0.0
-    aux_sum: float = 0.0
-    recall_sum: float = 0.0  # NaN when the run trains on the next-token loss
+    term_sums: dict[str, float] = field(default_factory=dict)  # per objective term (`focus.train.objective`)
     steps: int = 0
 
-    def add(self, loss: float, aux: float, recall: float) -> None:
+    def add(self, loss: float, terms: dict[str, float]) -> None:
         self.loss_sum += loss
-        self.aux_sum += aux
-        self.recall_sum += recall
+        for name, value in terms.items():
+            self.term_sums[name] = self.term_sums.get(name, 0.0) + value
         self.steps += 1
 
 
@@ -121,7 +120,7 @@ def save_checkpoint(
             "optimizer": optimizer_state,
             "scheduler": scheduler.state_dict(),
             "rng": _rng_state(world),
-            "window": {"loss_sum": window.loss_sum, "aux_sum": window.aux_sum, "steps": window.steps},
+            "window": {"loss_sum": window.loss_sum, "term_sums": dict(window.term_sums), "steps": window.steps},
             "config": to_dict(config),
             "data_sha256": fingerprint,
             "focus_config": focus,

@@ -46,10 +46,6 @@ class TrainConfig:
         metadata={"help": "Evaluate eval_data every this many steps (0 = only at the end; never without eval_data)."},
     )
     eval_batch_size: int = field(default=8, metadata={"help": "Sequences per forward pass during evaluation."})
-    balance_weight: float = field(
-        default=0.0,
-        metadata={"help": "Weight of the optional aux_loss(model) term added to the loss (needs aux_loss)."},
-    )
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -60,7 +56,7 @@ class TrainConfig:
             if getattr(self, name) < 0:
                 raise ConfigError(f"TrainConfig.{name} must be >= 0, got {getattr(self, name)}")
         # `not x >= 0` also rejects NaN, which every plain comparison lets through.
-        for name in ("weight_decay", "grad_clip", "balance_weight"):
+        for name in ("weight_decay", "grad_clip"):
             if not getattr(self, name) >= 0:
                 raise ConfigError(f"TrainConfig.{name} must be >= 0, got {getattr(self, name)}")
         if not (self.lr > 0 and math.isfinite(self.lr)):

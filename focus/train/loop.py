@@ -1,7 +1,8 @@
 """Train the trainable parameters of a frozen causal LM (the Focus centroids) with a resumable loop.
 
 The loop is generic: it optimizes exactly the parameters with `requires_grad=True` (after
-`focus.apply_focus` those are the centroids) with AdamW on next-token cross-entropy, and nothing else.
+`focus.apply_focus` those are the centroids) with AdamW on the objective its caller gives
+(`focus.train.objective`: next-token cross-entropy unless told otherwise), and nothing else.
 
 Guarantees, in order of how much they cost to get right:
 - Resume is exact. A run killed at any point and restarted with the same arguments ends with
@@ -41,7 +42,6 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from focus.attention.recall import collect_recall_loss
 from focus.config import to_dict
 from focus.distributed import average_across_processes, barrier, full_state, is_sharded, rank_and_world
 from focus.models import check_context_length, input_device
@@ -56,6 +56,7 @@ from focus.train.checkpoint import (
     truncate_metrics,
 )
 from focus.train.config import TrainConfig
+from focus.train.objective import Objective
 
 _log = logging.getLogger(__name__)
 METRICS_NAME = "metrics.jsonl"
@@ -119,7 +120,7 @@ def train_parameters(
     config: TrainConfig,
     output_dir: str | Path,
     eval_data: torch.Tensor | None = None,
-    aux_loss: Callable[[nn.Module], torch.Tensor] | None = None,
+    objective: Objective | None = None,
     progress: bool = True,
     on_log: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
@@ -141,9 +142,8 @@ def train_parameters(
             running distributed; every process must call this function with the same arguments).
         eval_data: optional (M, L') token ids, scored every `eval_every` steps and after the last step
             (keys `eval/loss`, `eval/ppl`).
-        aux_loss: optional `aux_loss(model) -> scalar tensor`, called right after each training forward
-            pass (so it can read what the forward left on the modules, such as routing assignments).
-            It is logged as `train/aux_loss` and `balance_weight * aux_loss` is added to the loss.
+        objective: what each step minimises (default: the next-token loss alone). A Focus model's own is
+            `focus.train.objective.focus_objective(model)`.
         progress: show a tqdm bar with the loss.
         on_log: optional callback given each record right after it is appended to `metrics.jsonl`
             (to mirror the record elsewhere, such as W&B).
@@ -151,14 +151,16 @@ def train_parameters(
         The record of the final step: `step`, `train/loss` (mean over the steps since the previous
         train line), `train/lr` (used by this step), `train/grad_norm` (before clipping of this step),
         `train/tokens` (step * batch_size * L), `time/step_seconds` (wall time per step since the
-        previous train line), plus `train/aux_loss` and `eval/loss`, `eval/ppl` where they apply.
+        previous train line), plus `train/<term>_loss` per objective term and `eval/loss`, `eval/ppl` where they
+        apply.
     Raises:
         ValueError: no trainable parameters, malformed data, or a batch_size that the processes cannot share
             equally; nothing is written.
         CheckpointError: `output_dir/checkpoint.pt` was written for other parameters, data, TrainConfig or
             FocusConfig.
     """
-    run = _set_up(model, data, config, eval_data, aux_loss)
+    run = _set_up(model, data, config, eval_data)
+    objective = objective or Objective()
     output_dir = Path(output_dir)
     checkpoint = output_dir / CHECKPOINT_NAME
     # Read (and check) any checkpoint before touching output_dir, so a refused resume changes nothing.
@@ -193,13 +195,13 @@ def train_parameters(
         for step in range(start_step + 1, config.steps + 1):
             batch = batches.rows(step)[rank::world]  # (B / world, L): this process's share of the batch
             lr = run.optimizer.param_groups[0]["lr"]
-            ce, aux, recall, grad_norm = _optimizer_step(model, data[batch].to(device), run, config, aux_loss)
-            window.add(ce, aux, recall)
+            ce, terms, grad_norm = _optimizer_step(model, data[batch].to(device), run, config, objective)
+            window.add(ce, terms)
             bar.update(1)
 
             record = {"step": step}
             if step % config.log_every == 0 or step == config.steps:
-                record.update(_train_record(window, step, lr, grad_norm, config, data.shape[1], aux_loss is not None, tic))
+                record.update(_train_record(window, step, lr, grad_norm, config, data.shape[1], tic))
                 bar.set_postfix(loss=f"{record['train/loss']:.4f}")
                 window = LogWindow()
             is_eval_step = config.eval_every > 0 and step % config.eval_every == 0
@@ -259,7 +261,6 @@ def _set_up(
     data: torch.Tensor,
     config: TrainConfig,
     eval_data: torch.Tensor | None,
-    aux_loss: Callable[[nn.Module], torch.Tensor] | None,
 ) -> _Run:
     if not isinstance(config, TrainConfig):
         raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
@@ -273,8 +274,6 @@ def _set_up(
     _check_tokens("data", data, model, min_rows=config.batch_size)
     if eval_data is not None:
         _check_tokens("eval_data", eval_data, model, min_rows=1)
-    if config.balance_weight > 0 and aux_loss is None:
-        raise ValueError(f"TrainConfig.balance_weight={config.balance_weight} needs an aux_loss callable")
     world = rank_and_world()[1]
     if config.batch_size % world:
         raise ValueError(
@@ -308,17 +307,15 @@ class _Batches:
 
 def _train_record(
     window: LogWindow, step: int, lr: float, grad_norm: torch.Tensor, config: TrainConfig, seq_len: int,
-    has_aux: bool, tic: float,
+    tic: float,
 ) -> dict[str, float]:
     """The train line of a logged step: means over the steps since the previous one."""
     train_loss = window.loss_sum / window.steps
     if not math.isfinite(train_loss):
         raise FloatingPointError(f"train/loss is {train_loss} at step {step}; lower TrainConfig.lr")
     record = {"train/loss": train_loss}
-    if has_aux:
-        record["train/aux_loss"] = window.aux_sum / window.steps
-    if math.isfinite(window.recall_sum):
-        record["train/recall_loss"] = window.recall_sum / window.steps
+    for name, total in window.term_sums.items():
+        record[f"train/{name}_loss"] = total / window.steps
     record["train/lr"] = lr
     record["train/grad_norm"] = float(grad_norm)
     record["train/tokens"] = step * config.batch_size * seq_len
@@ -331,11 +328,10 @@ def _optimizer_step(
     batch: torch.Tensor,
     run: _Run,
     config: TrainConfig,
-    aux_loss: Callable[[nn.Module], torch.Tensor] | None,
-) -> tuple[float, float, float, torch.Tensor]:
-    """One AdamW step (and schedule step) on `batch` (B, L); returns (cross-entropy, aux loss or 0, recall loss or NaN, pre-clip grad
-    norm). Under Focus's attention-recall objective (`focus.attention.recall`) the recall loss replaces the cross-entropy,
-    which is then the unmodified model's.
+    objective: Objective,
+) -> tuple[float, dict[str, float], torch.Tensor]:
+    """One AdamW step (and schedule step) on `batch` (B, L) minimising `objective`; returns (cross-entropy, each
+    term's unweighted value, pre-clip grad norm).
 
     Distributed, `batch` is this process's equal share of the global batch and the losses returned are means over
     the processes; so is the gradient (FSDP averages sharded ones as it reduce-scatters them, plain ones are
@@ -343,13 +339,15 @@ def _optimizer_step(
     """
     logits = model(input_ids=batch, use_cache=False).logits  # (B, L, V)
     ce = next_token_loss(logits, batch)
-    recall = collect_recall_loss(model)  # Focus's attention-recall objective: it replaces the next-token loss
-    loss, aux = ce if recall is None else recall, 0.0
-    if aux_loss is not None:
-        aux_value = aux_loss(model)
-        aux = aux_value.detach().float().item()
-        if config.balance_weight > 0:
-            loss = loss + config.balance_weight * aux_value
+    loss = objective.next_token_weight * ce if objective.next_token_weight else 0.0
+    terms = {}
+    for name, (weight, term) in objective.terms.items():
+        value = term(model, batch, logits)
+        terms[name] = value.detach().float().item()
+        loss = loss + weight * value
+    if not loss.requires_grad:
+        raise RuntimeError("the objective does not depend on the trained parameters (a Focus model's own objective is "
+                           "focus.train.objective.focus_objective(model))")
     loss.backward()
     params = run.params
     for p in params:
@@ -363,11 +361,11 @@ def _optimizer_step(
     run.optimizer.zero_grad(set_to_none=True)
     run.scheduler.step()
     ce_value = ce.detach().item()
-    recall_value = math.nan if recall is None else recall.detach().item()
     if rank_and_world()[1] > 1:
-        values = torch.tensor([ce_value, aux, recall_value], dtype=torch.float64, device=ce.device)
-        ce_value, aux, recall_value = average_across_processes(values).tolist()
-    return ce_value, aux, recall_value, full_state(grad_norm)
+        values = torch.tensor([ce_value, *terms.values()], dtype=torch.float64, device=ce.device)
+        ce_value, *averaged = average_across_processes(values).tolist()
+        terms = dict(zip(terms, averaged))
+    return ce_value, terms, full_state(grad_norm)
 
 
 def _epoch_permutation(seed: int, epoch: int, n: int) -> torch.Tensor:
