@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -186,7 +186,7 @@ def _train(argv: list[str]) -> int:
     tokens = out / f"{data.domain}.tokens.safetensors"
     if not _tokens_usable(tokens):
         prepare_tokens(model.model, data.domain, ["train", "validation"], tokens, data.mirror)
-    job = TrainingJob(tokens, args.seq_len, asdict(train), out / "metrics.jsonl", out / "summary.json",
+    job = TrainingJob(tokens, args.seq_len, train, out / "metrics.jsonl", out / "summary.json",
                       calibration_rows=args.calibration_rows, eval_rows=args.eval_rows)
     summary = train_focus(model.model, model.dtype, to_dict(focus), job, out / "adapter")
     final = summary.get("final", {})

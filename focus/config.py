@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -83,6 +84,17 @@ def from_dict(cls: type[T], values: dict[str, Any]) -> T:
 
 def to_dict(config: Any) -> dict[str, Any]:
     return dataclasses.asdict(config)
+
+
+_DENSE_HEAD = re.compile(r"l(\d+)h(\d+)")
+
+
+def dense_head_address(name: Any) -> tuple[int, int]:
+    """(layer, head) of a `FocusConfig.dense_heads` entry 'l<layer>h<head>'."""
+    match = _DENSE_HEAD.fullmatch(name) if isinstance(name, str) else None
+    if match is None:
+        raise ConfigError(f"FocusConfig.dense_heads entries are 'l<layer>h<head>' (e.g. 'l12h0'), got {name!r}")
+    return int(match.group(1)), int(match.group(2))
 
 
 @dataclass(frozen=True)
@@ -174,6 +186,14 @@ class FocusConfig:
             "loses as little of the pretrained model as it can at its cost."
         },
     )
+    dense_heads: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "Key/value heads that keep every pair the model allows (no routing), as 'l<layer>h<head>', e.g. "
+            "l12h0: retrieval heads that Focus should not prune (DuoAttention). Their query heads attend densely in "
+            "every path; their centroids are kept but unused."
+        },
+    )
     distill: float = field(
         default=0.0,
         metadata={
@@ -213,6 +233,9 @@ class FocusConfig:
             )
         if self.unrotate and self.route_on != "key":
             raise ConfigError(f"FocusConfig.unrotate needs route_on='key' (values carry no rotation), got {self.route_on!r}")
+        if not isinstance(self.dense_heads, (list, tuple)):
+            raise ConfigError(f"FocusConfig.dense_heads must be a list of 'l<layer>h<head>', got {self.dense_heads!r}")
+        object.__setattr__(self, "dense_heads", sorted(set(self.dense_heads), key=dense_head_address))
         if not (self.distill >= 0 and math.isfinite(self.distill)):
             raise ConfigError(f"FocusConfig.distill must be a finite number >= 0, got {self.distill}")
         if not 0 < self.gate_floor < 1:
@@ -221,6 +244,10 @@ class FocusConfig:
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "FocusConfig":
         return from_dict(cls, values)
+
+    def dense_heads_of(self, layer: int) -> list[int]:
+        """The key/value heads of `layer` that attend densely (`dense_heads`)."""
+        return [head for at, head in map(dense_head_address, self.dense_heads) if at == layer]
 
     def replace(self, **changes: Any) -> "FocusConfig":
         return from_dict(FocusConfig, {**to_dict(self), **changes})

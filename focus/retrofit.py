@@ -21,7 +21,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from focus.attention.function import FOCUS_ATTENTION, focus_attention
 from focus.attention.reference import unmodified_attention
 from focus.attention.routing import key_positions, routing_vectors, spherical_kmeans
-from focus.config import FocusConfig
+from focus.config import FocusConfig, dense_head_address
 from focus.distributed import copy_full_
 from focus.models import input_device
 
@@ -115,6 +115,11 @@ def apply_focus(
     }
     model.requires_grad_(False)
     kv_heads, head_dim = head_shape(model)
+    for name in config.dense_heads:
+        layer, head = dense_head_address(name)
+        if layer >= len(modules) or head >= kv_heads:
+            raise ValueError(f"FocusConfig.dense_heads {name!r} is not a head of {type(model).__name__}: it has "
+                             f"{len(modules)} layers of {kv_heads} key/value heads")
     sets = 1 if config.shared_centroids else kv_heads
     if config.unrotate and rotary_frequencies(model, modules[0]) is None:
         # Not a warning: unrotate is the default. Learned absolute positions (GPT-2) are mixed into the hidden

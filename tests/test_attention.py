@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from focus import FocusConfig
+from focus.attention.fast_path import fast_path
 from focus.attention.function import focus_attention
 from focus.attention.reference import dense_attention, hard_allowed, soft_bias
 from focus.attention.routing import route_keys, routing_logits, sink_keys, top_k_groups
@@ -63,6 +64,23 @@ def reference_attention(layer, q, key, v, mask, scaling=None, softcap=None):
     return attend(config.mode)
 
 
+def reference_with_dense_heads(layer, q, key, v, mask, scaling=None):
+    """The reference of a layer with `dense_heads`: Focus's for the other heads, written out as the model's own
+    attention (every pair it allows) for the query heads of the dense key/value heads."""
+    config = layer.focus_config
+    layer.focus_config = config.replace(dense_heads=[])
+    try:
+        out = reference_attention(layer, q, key, v, mask, scaling=scaling)
+    finally:
+        layer.focus_config = config
+    allowed = torch.ones(q.shape[-2], key.shape[-2], dtype=torch.bool).tril()[None, None] if mask is None else mask
+    own = dense_attention(q, key, v, allowed, None, scaling)
+    r = q.shape[1] // key.shape[1]
+    for head in config.dense_heads_of(layer.layer_idx):
+        out[:, head * r : (head + 1) * r] = own[:, head * r : (head + 1) * r]
+    return out
+
+
 def run_focus(layer, q, key, v, mask, **kwargs):
     out, weights = focus_attention(layer, q, key, v, mask, **kwargs)
     assert weights is None
@@ -107,6 +125,27 @@ def test_outputs_match_reference(case, training, objective):
     real = torch.ones(2, 37, dtype=torch.bool) if mask is None else mask.any(-1)[:, 0]
     torch.testing.assert_close(out.transpose(1, 2)[real], expected.transpose(1, 2)[real], atol=2e-5, rtol=1e-4)
     assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("path", ["auto", "dense"])
+@pytest.mark.parametrize(("mode", "route_queries"), [("soft", "query"), ("hard", "query"), ("hard", "key")])
+def test_dense_heads_attend_as_the_model_and_the_other_heads_as_focus(mode, route_queries, path):
+    config = FocusConfig(num_groups=4, top_k=1, window=3, mode=mode, route_queries=route_queries, unrotate=False,
+                         dense_heads=["l1h1", "l2h0"])
+    layer = make_layer(config, 3, 8)
+    layer.layer_idx = 1  # of l1h1 and l2h0, only key/value head 1 of this layer is dense
+    q, key, v, mask = make_inputs(2, 6, 3, 29, 8, pads=(0, 4))
+    with torch.no_grad(), fast_path(path):
+        out = run_focus(layer, q, key, v, mask, scaling=0.4)
+        expected = reference_with_dense_heads(layer, q, key, v, mask, scaling=0.4)
+    real = mask.any(-1)[:, 0]
+    torch.testing.assert_close(out.transpose(1, 2)[real], expected.transpose(1, 2)[real], atol=2e-5, rtol=1e-4)
+    layer.focus_config = config.replace(dense_heads=[])
+    with torch.no_grad(), fast_path(path):
+        sparse = run_focus(layer, q, key, v, mask, scaling=0.4).transpose(1, 2)[real]  # (N, H, D) real rows
+    out = out.transpose(1, 2)[real]
+    assert not torch.allclose(sparse[:, 2:4], out[:, 2:4], atol=1e-3)  # the dense head differs from its Focus self
+    torch.testing.assert_close(sparse[:, [0, 1, 4, 5]], out[:, [0, 1, 4, 5]])  # the other heads are untouched
 
 
 @pytest.mark.parametrize("objective", ["language_model", "straight_through"])

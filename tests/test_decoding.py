@@ -6,7 +6,7 @@ import os
 
 import pytest
 import torch
-from test_attention import make_inputs, make_layer, reference_attention, run_focus
+from test_attention import make_inputs, make_layer, reference_attention, reference_with_dense_heads, run_focus
 
 import focus.attention.decoding
 import focus.attention.function
@@ -30,6 +30,7 @@ CASES = {
     "window beyond": (4, 2, 2, 64, 1, (2, 0), "query"),
     "key routed": (6, 2, 2, 5, 1, (0, 7), "key"),
     "key routed window 0": (3, 3, 2, 0, 2, (3, 0), "key"),
+    "dense head": (6, 3, 2, 5, 1, (0, 7), "query", ["l0h2"]),
 }
 
 
@@ -66,14 +67,15 @@ def decode(layer, q, key, v, mask, prompt: int, chunk: int = 1):
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
 @pytest.mark.parametrize("chunk", [1, 5])
 def test_decoding_through_the_index_matches_the_dense_reference(case, chunk):
-    heads, kv_heads, top_k, window, sinks, pads, route_queries = case
+    heads, kv_heads, top_k, window, sinks, pads, route_queries, *dense = case
     config = FocusConfig(num_groups=4, top_k=top_k, window=window, sink_tokens=sinks, mode="hard",
-                         route_queries=route_queries)
+                         route_queries=route_queries, dense_heads=dense[0] if dense else [])
     layer = make_layer(config, kv_heads, 8)
+    layer.layer_idx = 0
     q, key, v, mask = make_inputs(2, heads, kv_heads, 41, 8, pads)
     with torch.no_grad(), counting_sparse_steps() as calls:
         steps, index = decode(layer, q, key, v, mask, prompt=12, chunk=chunk)
-        expected = reference_attention(layer, q, key, v, mask, scaling=0.4)[:, :, 12:]
+        expected = reference_with_dense_heads(layer, q, key, v, mask, scaling=0.4)[:, :, 12:]
     torch.testing.assert_close(steps, expected, atol=2e-5, rtol=1e-4)
     one_token_steps = 0 if window >= 41 else (41 - 12 if chunk == 1 else 0)
     assert calls[0] == one_token_steps  # the sparse step ran where it applies, the dense path elsewhere

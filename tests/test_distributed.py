@@ -23,6 +23,7 @@ from focus.adapter import CONFIG_NAME, WEIGHTS_NAME  # noqa: E402
 from focus.models import tiny_model  # noqa: E402
 from focus.pipeline.jobs import TrainingJob  # noqa: E402
 from focus.train.checkpoint import CHECKPOINT_NAME  # noqa: E402
+from focus.train.config import TrainConfig  # noqa: E402
 from focus.train.loop import METRICS_NAME, train_parameters  # noqa: E402
 
 
@@ -153,7 +154,7 @@ def _stage_settings(tmp_path: Path, lr: float, out: Path) -> dict:
     ids = torch.randint(3, 4000, (20 * 32,), generator=torch.Generator().manual_seed(2), dtype=torch.int32)
     tokens = tmp_path / "tokens.safetensors"
     save_file({"train": ids[:16 * 32], "validation": ids[16 * 32:]}, str(tokens))
-    train = {"steps": 3, "batch_size": 4, "lr": lr, "log_every": 1, "checkpoint_every": 2}
+    train = TrainConfig(steps=3, batch_size=4, lr=lr, log_every=1, checkpoint_every=2)
     job = TrainingJob(tokens, 32, train, out / "metrics.jsonl", out / "summary.json", calibration_rows=2, eval_rows=3,
                       progress=False)
     return dict(source="tiny:llama", dtype="float32", job=job)

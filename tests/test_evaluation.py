@@ -21,6 +21,7 @@ from focus.pipeline.jobs import TrainingJob
 from focus.pipeline.methods import lora_name, method_variant, parse_lora_name
 from focus.pipeline.stages import evaluate_benchmarks, load_method, train_lora
 from focus.report.claims import CLAIMS, FAILS, HOLDS, UNTESTED, judge_claims
+from focus.train.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -95,7 +96,7 @@ def test_lora_stage_writes_a_peft_adapter_that_reloads(tmp_path):
     generator = torch.Generator().manual_seed(0)
     save_file({"train": torch.randint(3, 4000, (16 * 64,), generator=generator, dtype=torch.int32),
                "validation": torch.randint(3, 4000, (4 * 64,), generator=generator, dtype=torch.int32)}, str(tokens))
-    train = {"steps": 3, "batch_size": 2, "lr": 1e-2, "log_every": 1, "checkpoint_every": 0}
+    train = TrainConfig(steps=3, batch_size=2, lr=1e-2, log_every=1, checkpoint_every=0)
     job = TrainingJob(tokens, 64, train, tmp_path / "metrics.jsonl", tmp_path / "summary.json", calibration_rows=2,
                       eval_rows=2, progress=False)
     summary = train_lora("tiny:llama", "float32", 4, 8.0, ["q_proj", "v_proj"], 0.0, job, tmp_path / "adapter")

@@ -22,7 +22,7 @@ from focus.pipeline.jobs import TrainingJob
 from focus.pipeline.profile import resolve_profile
 from focus.pipeline.scratch import train_from_scratch
 from focus.report.scratch import summarize_scratch
-from focus.train.config import ScratchModel
+from focus.train.config import ScratchModel, TrainConfig
 from focus.train.scratch import build_model, unigram_loss
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,7 +48,7 @@ def tokens(tmp_path_factory):
 
 
 def run(method, folder: Path, tokens, seed=0, **changes):
-    job = TrainingJob(tokens, SEQ, {**TRAIN, **changes}, folder / "metrics.jsonl", folder / "summary.json",
+    job = TrainingJob(tokens, SEQ, TrainConfig(**TRAIN, **changes), folder / "metrics.jsonl", folder / "summary.json",
                       calibration_rows=2, train_rows=20, eval_rows=4, progress=False)
     return train_from_scratch(method=method, seed=seed, model=SHAPE, focus=FOCUS, job=job,
                               tokenizer="smollm2-135m-instruct", domain="books")

@@ -21,6 +21,7 @@ from focus.attention.reference import dense_attention, hard_allowed, sdpa_groupe
 from focus.attention.routing import (
     Routed,
     centroids_training,
+    dense_heads,
     key_positions,
     layer_routing_logits,
     route_call,
@@ -141,7 +142,7 @@ def _attend(module, query, key, value, attention_mask, scaling, dropout, softcap
 def _soft_attention(config: FocusConfig, call: AttentionCall, routed: Routed) -> torch.Tensor:
     """Soft Focus (B, H, Q, D): every pair the model allows, distant ones charged the soft gate."""
     bias, allowed = soft_bias(routed.query_log_assign, routed.key_log_assign, config.window, call.base_mask,
-                              config.gate_floor, routed.sinks, config.gate)
+                              config.gate_floor, routed.sinks, config.gate, routed.dense)
     if call.softcap is not None:  # SDPA has no soft-capping: use the explicit path (Gemma 2)
         return dense_attention(call.query, call.key, call.value, allowed, bias, call.scaling, call.softcap)
     return sdpa_grouped(call.query, call.key, call.value, allowed, bias, call.scaling, call.dropout)
@@ -156,11 +157,12 @@ def _hard_attention(
     groups = top_k_groups(routed.key_log_assign, config.top_k) if index is None else index.groups(k_len).clamp_min(0)
     query_groups = top_k_groups(routed.query_log_assign, config.top_k) if config.route_queries == "query" else None
     if call.decomposable():
-        return decomposed_hard_attention(call.query, call.key, call.value, groups, config.window, routed.valid,
-                                         routed.sinks, call.scaling, query_groups=query_groups)
+        out = decomposed_hard_attention(call.query, call.key, call.value, groups, config.window, routed.valid,
+                                        routed.sinks, call.scaling, query_groups=query_groups)
+        return _with_dense_heads(out, call, routed.dense)
     allowed = hard_allowed(
         groups[:, :, k_len - q_len :] if query_groups is None else query_groups, groups, config.num_groups,
-        config.window, call.base_mask, routed.sinks,
+        config.window, call.base_mask, routed.sinks, routed.dense,
     )
     if call.softcap is not None:
         return dense_attention(call.query, call.key, call.value, allowed, None, call.scaling, call.softcap)
@@ -177,5 +179,20 @@ def _sparse_step(module: nn.Module, call: AttentionCall, index: GroupIndex, posi
     else:  # the groups of the query's own key, the last one indexed
         query_groups = index.key_groups[:, :, index.length - 1].long().repeat_interleave(query.shape[1] // k_heads, 1)
     window_valid = None if call.base_mask is None else call.base_mask[:, 0, -1, max(k_len - config.window, 0) :]
-    return sparse_decode_attention(query, key, call.value, index, query_groups, config.window, window_valid,
-                                   call.scaling)
+    out = sparse_decode_attention(query, key, call.value, index, query_groups, config.window, window_valid,
+                                  call.scaling)
+    return _with_dense_heads(out, call, dense_heads(module, k_heads, key.device))
+
+
+def _with_dense_heads(out: torch.Tensor, call: AttentionCall, dense: torch.Tensor | None) -> torch.Tensor:
+    """`out` (B, H, Q, D) with the query heads of the dense key/value heads `dense` (K,) replaced by the model's own
+    attention (`FocusConfig.dense_heads`): the fast paths compute every head sparsely, then these are overwritten."""
+    if dense is None:
+        return out
+    r = call.query.shape[1] // call.key.shape[1]
+    kv = dense.nonzero().squeeze(1)
+    heads = (kv[:, None] * r + torch.arange(r, device=kv.device)).flatten()
+    own = unmodified_attention(call.query[:, heads], call.key[:, kv], call.value[:, kv], call.base_mask, call.scaling,
+                               call.dropout, call.softcap)
+    out[:, heads] = own.to(out.dtype)
+    return out

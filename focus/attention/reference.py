@@ -47,6 +47,11 @@ def model_allowed(base_mask: torch.Tensor | None, q_len: int, k_len: int, device
     return base_mask[..., :k_len].bool()
 
 
+def per_head(dense: torch.Tensor, heads: int) -> torch.Tensor:
+    """(K,) per key/value head -> (1, heads, 1, 1) for a head axis of K or H = K * R heads (grouped-query order)."""
+    return dense.repeat_interleave(heads // dense.numel())[None, :, None, None]
+
+
 def split_query_heads(x: torch.Tensor, k_heads: int) -> torch.Tensor:
     """(B, K or H or 1, ...) -> (B, K or 1, R or 1, ...): a query-head axis per key/value head.
 
@@ -112,14 +117,16 @@ def soft_bias(
     floor: float,
     sinks: torch.Tensor | None = None,
     gate: str = "overlap",
+    dense: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Soft Focus as an additive logit bias (`gate`: the form of `soft_gate`).
 
     Args:
         log_p_q: (B, K or H, Q, G), log_p_k: (B, K, L, G) log-assignments of queries and keys.
         sinks: (B or 1, L) bool keys that belong to every group (see `sink_keys`), or None.
+        dense: (K,) bool key/value heads that keep every pair, uncharged, or None.
     Returns:
-        bias: (B, K or H, Q, L) float32, 0 on local pairs and sink keys, the soft gate on other pairs.
+        bias: (B, K or H, Q, L) float32, 0 on local pairs, sink keys and dense heads, the soft gate on other pairs.
         allowed: (B or 1, 1, Q, L) bool, the pairs the model itself allows.
     """
     q_len, k_len = log_p_q.shape[-2], log_p_k.shape[-2]
@@ -127,6 +134,8 @@ def soft_bias(
     if sinks is not None:
         free = free | sinks[:, None, None, :]  # a sink shares every group: probability 1
     charge = soft_gate(log_p_q, log_p_k, floor, gate)
+    if dense is not None:
+        free = free | per_head(dense, charge.shape[1])
     bias = torch.where(free, torch.zeros((), device=charge.device), charge)
     return bias, model_allowed(base_mask, q_len, k_len, log_p_q.device)
 
@@ -138,11 +147,14 @@ def hard_allowed(
     window: int,
     base_mask: torch.Tensor | None,
     sinks: torch.Tensor | None = None,
+    dense: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Hard Focus: (B, K or H, Q, L) bool pairs kept = model-allowed and (local, sharing a group or a sink key).
+    """Hard Focus: (B, K or H, Q, L) bool pairs kept = model-allowed and (local, sharing a group or a sink key, or in
+    a dense head).
 
     Args:
         groups_q: (B, K or H, Q, top_k) group ids of the queries; groups_k: (B, K, L, top_k) of the keys.
+        dense: (K,) bool key/value heads that keep every pair the model allows, or None.
 
     A sink query needs no rule of its own: every key it can see (causally) is a sink too.
     """
@@ -151,6 +163,8 @@ def hard_allowed(
     focus = local | shared_group(groups_q, groups_k, num_groups)
     if sinks is not None:
         focus = focus | sinks[:, None, None, :]
+    if dense is not None:
+        focus = focus | per_head(dense, focus.shape[1])
     return focus & model_allowed(base_mask, q_len, k_len, groups_q.device)
 
 

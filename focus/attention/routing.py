@@ -174,12 +174,14 @@ class Routed:
     query_log_assign: (B, K or H, Q, G) the queries' log-assignments (H: each query head routes its own vector).
     key_log_assign: (B, K, L, G) the keys' log-assignments.
     sinks: (B or 1, L) bool keys in every group (the first real tokens), or None.
+    dense: (K,) bool key/value heads that keep every pair the model allows (`FocusConfig.dense_heads`), or None.
     """
 
     valid: torch.Tensor | None
     query_log_assign: torch.Tensor
     key_log_assign: torch.Tensor
     sinks: torch.Tensor | None
+    dense: torch.Tensor | None = None
 
 
 def route_call(
@@ -204,7 +206,15 @@ def route_call(
     else:
         log_p_q = log_p[:, :, k_len - q_len :]  # (B, K, Q, G): a query token is routed by its own key
     sinks = sink_keys(valid, k_len, config.sink_tokens, key_vectors.device) if config.sink_tokens else None
-    return Routed(valid, log_p_q, log_p, sinks)
+    return Routed(valid, log_p_q, log_p, sinks, dense_heads(module, key_vectors.shape[1], key_vectors.device))
+
+
+def dense_heads(module: nn.Module, k_heads: int, device=None) -> torch.Tensor | None:
+    """(K,) bool the layer's key/value heads that attend densely (`FocusConfig.dense_heads`), or None when none do."""
+    heads = module.focus_config.dense_heads_of(getattr(module, "layer_idx", -1))
+    if not heads:
+        return None
+    return torch.zeros(k_heads, dtype=torch.bool, device=device).index_fill_(0, torch.tensor(heads, device=device), True)
 
 
 def route_keys(module: nn.Module, vectors: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:

@@ -38,7 +38,8 @@ from focus.retrofit import attention_modules, has_focus
 
 _RECALL = "focus_recall"
 _ORACLE = "focus_oracle"
-_TALLY = "_focus_recall_tally"  # per module: mass kept, distant mass, pairs kept, distant pairs, all mass, oracle mass
+_TALLY = "_focus_recall_tally"  # per module, (K, 6) per key/value head: mass kept, distant mass, pairs kept, distant
+# pairs, all mass, oracle mass
 
 
 @torch.no_grad()
@@ -52,14 +53,15 @@ def distant_attention_recall(model: PreTrainedModel, rows: torch.Tensor, batch_s
     Returns:
         {"recall": distant attention mass kept / distant attention mass, "kept": distant pairs kept / distant
          pairs, "oracle_recall": the mass of the heaviest distant pairs, as many per query row as the pattern keeps
-         there, / distant mass, "distant_mass": share of all attention mass on distant pairs, "layers": [the same
-         per layer]}; sums over every query head, query and row.
+         there, / distant mass, "distant_mass": share of all attention mass on distant pairs, "lost": share of all
+         attention mass on the distant pairs the pattern drops, "layers": [the same per layer], "heads": [[the same
+         per key/value head] per layer]}; sums over every query head (of the key/value head), query and row.
     """
     if not has_focus(model):
         raise ValueError("distant_attention_recall needs a model with Focus applied")
     modules = attention_modules(model)
     for module in modules:
-        setattr(module, _TALLY, torch.zeros(6, dtype=torch.float64))
+        setattr(module, _TALLY, 0)
     AttentionInterface.register(_RECALL, _recall_attention)
     AttentionMaskInterface.register(_RECALL, sdpa_mask)
     current = model.config._attn_implementation
@@ -72,14 +74,27 @@ def distant_attention_recall(model: PreTrainedModel, rows: torch.Tensor, batch_s
     tallies = [getattr(module, _TALLY) for module in modules]
     for module in modules:
         delattr(module, _TALLY)
-    return {**_shares(sum(tallies)), "layers": [_shares(tally) for tally in tallies]}
+    return {**_shares(sum(t.sum(dim=0) for t in tallies)), "layers": [_shares(t.sum(dim=0)) for t in tallies],
+            "heads": [[_shares(head) for head in t] for t in tallies]}
+
+
+def heads_by_lost_attention(model: PreTrainedModel, rows: torch.Tensor, batch_size: int = 1) -> list[tuple[str, float]]:
+    """Every key/value head of `model` as a `FocusConfig.dense_heads` entry ('l<layer>h<head>') with the share of its
+    attention mass that its hard pattern drops on `rows` (`distant_attention_recall`'s "lost"), most first: the heads
+    Focus hurts most, and so the candidates to keep dense. Score on the text the dense heads are for (pass-key prompts:
+    `focus.eval.needle.needle_prompt`)."""
+    recall = distant_attention_recall(model, rows, batch_size)
+    modules = attention_modules(model)
+    scored = [(f"l{module.layer_idx}h{head}", share["lost"])
+              for module, heads in zip(modules, recall["heads"]) for head, share in enumerate(heads)]
+    return sorted(scored, key=lambda item: -item[1])
 
 
 def _shares(tally: torch.Tensor) -> dict[str, float]:
     kept_mass, distant_mass, kept_pairs, distant_pairs, all_mass, oracle_mass = tally.tolist()
     return {"recall": kept_mass / max(distant_mass, 1e-30), "kept": kept_pairs / max(distant_pairs, 1),
             "oracle_recall": oracle_mass / max(distant_mass, 1e-30),
-            "distant_mass": distant_mass / max(all_mass, 1e-30)}
+            "distant_mass": distant_mass / max(all_mass, 1e-30), "lost": (distant_mass - kept_mass) / max(all_mass, 1e-30)}
 
 
 def _recall_attention(module: nn.Module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None,
@@ -94,12 +109,15 @@ def _recall_attention(module: nn.Module, query, key, value, attention_mask, scal
     # The oracle: per query row, the heaviest distant pairs, as many as the pattern keeps in that row.
     ranked = weights.masked_fill(~distant, -1.0).sort(dim=-1, descending=True).values.clamp_min(0.0)
     count = kept_distant.sum(dim=-1, keepdim=True)  # (B, H, Q, 1)
-    oracle = (ranked * (torch.arange(k_len, device=query.device) < count)).sum()
-    tally = getattr(module, _TALLY)
-    tally += torch.tensor([
-        (weights * kept_distant).sum().item(), (weights * distant).sum().item(),
-        kept_distant.sum().item(), distant.sum().item(), weights.sum().item(), oracle.item(),
-    ], dtype=torch.float64)
+    k_heads = key.shape[1]
+
+    def per_head(x):  # (B, H, Q, L) -> (K,) float64 sums
+        return x.double().unflatten(1, (k_heads, -1)).transpose(0, 1).reshape(k_heads, -1).sum(dim=-1)
+
+    oracle_kept = ranked * (torch.arange(k_len, device=query.device) < count)
+    tally = torch.stack([per_head(weights * kept_distant), per_head(weights * distant), per_head(kept_distant),
+                         per_head(distant), per_head(weights), per_head(oracle_kept)], dim=-1).cpu()  # (K, 6)
+    setattr(module, _TALLY, getattr(module, _TALLY) + tally)
     base_mask = None if attention_mask is None else attention_mask[..., :k_len]
     out = unmodified_attention(query, key, value, base_mask, scaling, dropout, softcap)
     return out.transpose(1, 2).contiguous(), None
@@ -150,7 +168,7 @@ def _pattern_and_logits(module: nn.Module, query, key, value, attention_mask, sc
     sinks = routed.sinks
     groups_q = top_k_groups(routed.query_log_assign, config.top_k)
     groups = top_k_groups(routed.key_log_assign, config.top_k)
-    kept = hard_allowed(groups_q, groups, config.num_groups, config.window, base_mask, sinks)
+    kept = hard_allowed(groups_q, groups, config.num_groups, config.window, base_mask, sinks, routed.dense)
     kept = split_query_heads(kept, k_heads).expand(b, k_heads, h // k_heads, q_len, k_len).flatten(1, 2)
 
     allowed = model_allowed(base_mask, q_len, k_len, query.device)  # (B or 1, 1, Q, L)

@@ -45,16 +45,8 @@ def needle_trials(
     cells = [(length, depth, trial) for length in lengths for depth in depths for trial in range(trials)]
     records = []
     for length, depth, trial in tqdm(cells, desc="needle", disable=not progress):
-        key = str(rng.randrange(10000, 100000))
-        needle = tokenizer(NEEDLE.format(key=key), add_special_tokens=False, return_tensors="pt").input_ids[0]
-        answer = tokenizer(" " + key, add_special_tokens=False, return_tensors="pt").input_ids[0]
-        room = length - needle.numel() - question.numel()
-        if room < 1:
-            raise ValueError(f"needle length {length} leaves no room for filler around a {needle.numel() + question.numel()}-token needle and question")
-        start = rng.randrange(0, filler.numel() - room)
-        text = filler[start : start + room]
-        at = round(depth * room)
-        prompt = torch.cat([text[:at], needle, text[at:], question]).unsqueeze(0).to(device)
+        prompt, answer, key, distance = needle_prompt(tokenizer, filler, length, depth, rng, question)
+        prompt = prompt.unsqueeze(0).to(device)
         key_logprob = _continuation_logprob(model, prompt, answer.to(device))
         generated = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=answer.numel() + 1,
                                    do_sample=False)
@@ -65,12 +57,33 @@ def needle_trials(
             "depth": depth,
             "trial": trial,
             "key": key,
-            "distance": room - at + question.numel(),  # tokens from the needle's end to the last prompt token
+            "distance": distance,
             "reply": reply,
             "correct": digits.startswith(key),
             "key_logprob": key_logprob,
         })
     return records
+
+
+def needle_prompt(
+    tokenizer, filler: torch.Tensor, length: int, depth: float, rng: random.Random, question: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, str, int]:
+    """One trial's prompt: (prompt (length,) token ids, the answer's token ids, the key, the tokens from the needle's
+    end to the last prompt token). Draws the key, then the filler's offset, from `rng`."""
+    if question is None:
+        question = tokenizer(QUESTION, add_special_tokens=False, return_tensors="pt").input_ids[0]
+    key = str(rng.randrange(10000, 100000))
+    needle = tokenizer(NEEDLE.format(key=key), add_special_tokens=False, return_tensors="pt").input_ids[0]
+    answer = tokenizer(" " + key, add_special_tokens=False, return_tensors="pt").input_ids[0]
+    room = length - needle.numel() - question.numel()
+    if room < 1:
+        raise ValueError(f"needle length {length} leaves no room for filler around a "
+                         f"{needle.numel() + question.numel()}-token needle and question")
+    start = rng.randrange(0, filler.numel() - room)
+    text = filler[start : start + room]
+    at = round(depth * room)
+    prompt = torch.cat([text[:at], needle, text[at:], question])
+    return prompt, answer, key, room - at + question.numel()
 
 
 def _continuation_logprob(model, prompt: torch.Tensor, continuation: torch.Tensor) -> float:

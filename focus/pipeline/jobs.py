@@ -53,13 +53,13 @@ class TrainingJob:
     The train split of `tokens` (a `prepare_tokens` file) is cut into rows of `seq_len` tokens. The first
     `calibration_rows` initialise the Focus centroids by k-means and no method trains on them, so that every method
     trains on identical batches; then at most `train_rows` rows (None: all) are trained on. The first `eval_rows`
-    rows of the validation split are scored during training. `train` holds TrainConfig fields; `metrics` (JSON
-    lines) and `summary` (JSON) are the job's records, which `finish` mirrors to W&B where `wandb` says.
+    rows of the validation split are scored during training. `train` is how it trains; `metrics` (JSON lines) and
+    `summary` (JSON) are the job's records, which `finish` mirrors to W&B where `wandb` says.
     """
 
     tokens: str | Path
     seq_len: int
-    train: dict[str, Any]
+    train: TrainConfig
     metrics: str | Path
     summary: str | Path
     calibration_rows: int = 8
@@ -72,14 +72,24 @@ class TrainingJob:
     def from_rule(cls, snakemake: Any, labels: dict[str, str] | None = None, **changes: Any) -> "TrainingJob":
         """The job of a training rule: `params.rows` (seq_len and the row counts) and `params.train`, the tokens
         input, the metrics and summary outputs, and its W&B run (`output.wandb`, `params.wandb`, `params.group`)
-        named by `labels` (default: the rule's wildcards)."""
+        named by `labels` (default: the rule's wildcards).
+
+        `params.train` is the TrainConfig the profile resolved, as a dict: Snakemake re-runs a job whose params
+        changed only for params of builtin types (a dataclass would be "unrepresentable" and never compared).
+        """
         wandb = WandbTarget(snakemake.output.wandb, snakemake.params.wandb, snakemake.params.group,
                             dict(snakemake.wildcards) if labels is None else labels)
-        return cls(**snakemake.params.rows, train=snakemake.params.train, tokens=snakemake.input.tokens,
+        train = TrainConfig.from_dict(snakemake.params.train)
+        return cls(**snakemake.params.rows, train=train, tokens=snakemake.input.tokens,
                    metrics=snakemake.output.metrics, summary=snakemake.output.summary, wandb=wandb, **changes)
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.train, TrainConfig):
+            raise TypeError(f"TrainingJob.train must be a TrainConfig, got {type(self.train).__name__}")
+
     def config(self, **changes: Any) -> TrainConfig:
-        return TrainConfig.from_dict({**self.train, **changes})
+        """The job's TrainConfig, with `changes` (e.g. a from-scratch run's seed)."""
+        return self.train.replace(**changes) if changes else self.train
 
     def rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(calibration rows, training rows, evaluation rows or None), each (N, seq_len) ids."""

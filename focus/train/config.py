@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from focus.config import ConfigError, check_types, from_dict
+from focus.config import ConfigError, check_types, from_dict, to_dict
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,10 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
         return from_dict(cls, values)
+
+    def replace(self, **changes: Any) -> "TrainConfig":
+        """A copy with `changes`, checked as a new config is."""
+        return from_dict(TrainConfig, {**to_dict(self), **changes})
 
     def lr_factor(self, step: int) -> float:
         """LR multiplier for the optimizer step that follows `step` completed steps (0-based)."""
