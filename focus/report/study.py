@@ -169,6 +169,51 @@ def plot_study_curves(frame: pd.DataFrame, metrics: list[str | Path], summaries:
     save_figure(fig, figure)
 
 
+def tradeoff_points(frame: pd.DataFrame, domain: str, other: str, split: str = "validation") -> pd.DataFrame:
+    """One point per design and mode of a study table: the change against pretrained on `domain` (`split`) and on
+    `other` (its test split, the only one the study scores), the share of distant pairs the mode keeps (soft keeps
+    every pair: 1), and pass-key accuracy where measured."""
+    base = frame.loc[frame["design"] == PRETRAINED]
+    if base.empty or f"{other}_test" not in frame:
+        return pd.DataFrame()
+    other_base = base[f"{other}_test"].iloc[0]
+    points = []
+    for _, row in frame[frame["design"] != PRETRAINED].iterrows():
+        for mode in ("soft", "hard"):
+            change = row.get(f"{domain}_{split}_{mode}_vs_pretrained")
+            if pd.isna(change) or pd.isna(row.get(f"{other}_test_{mode}")):
+                continue
+            points.append({"design": f"{row['design']} ({mode})", "domain_change": change,
+                           "other_change": row[f"{other}_test_{mode}"] / other_base - 1,
+                           "distant_kept": 1.0 if mode == "soft" else row.get("distant_kept"),
+                           "passkey": row.get(f"needle_{mode}")})
+    return pd.DataFrame(points)
+
+
+def plot_tradeoff(points: pd.DataFrame, figure: str | Path, domain: str, other: str, note: str = "") -> None:
+    """Every design as a point: its change against pretrained on `domain` (x) and on `other` (y), the marker's area
+    the share of distant pairs it keeps (its cost), pass-key accuracy written beside it. Lower left is better on
+    both; the dashed lines are the pretrained model."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(8.5, 6))
+    kept = points["distant_kept"].fillna(1.0).astype(float)
+    ax.scatter(100 * points["domain_change"], 100 * points["other_change"], s=40 + 400 * kept, alpha=0.5,
+               edgecolors="black")
+    for _, row in points.iterrows():
+        passkey = "" if pd.isna(row.get("passkey")) else f", pass-key {row['passkey']:.0%}"
+        kept_text = "" if pd.isna(row.get("distant_kept")) else f", kept {row['distant_kept']:.0%}"
+        ax.annotate(f"{row['design']}{kept_text}{passkey}", (100 * row["domain_change"], 100 * row["other_change"]),
+                    fontsize=7, xytext=(4, 4), textcoords="offset points")
+    ax.axvline(0, color="black", linestyle="--", linewidth=0.8)
+    ax.axhline(0, color="black", linestyle="--", linewidth=0.8)
+    ax.set(xlabel=f"{domain}: perplexity change against pretrained (%)",
+           ylabel=f"{other}: perplexity change against pretrained (%)",
+           title="Gain on the domain against forgetting elsewhere (marker area: distant pairs kept)")
+    if note:
+        fig.text(0.01, 0.01, note, fontsize=7)
+    save_figure(fig, figure)
+
+
 def write_study(
     model: str,
     variants: dict[str, dict],
@@ -182,10 +227,17 @@ def write_study(
     long_context: list[str | Path] = (),
     needle: list[str | Path] = (),
     interpret: list[str | Path] = (),
+    tradeoff: str | Path | None = None,
+    other_domain: str | None = None,
 ) -> pd.DataFrame:
-    """Write tables/study.csv (and .md) and the curves figure (PNG and SVG); returns the table."""
+    """Write tables/study.csv (and .md), the curves figure and, given `tradeoff`, the trade-off figure of `domain`
+    against `other_domain` (`plot_tradeoff`; PNG and SVG); returns the table."""
     frame = study_frame(model, variants, domain, summaries, validation, test, long_context, needle, interpret)
     write_text(table, frame.to_csv(index=False))
     write_text(Path(table).with_suffix(".md"), markdown_table(frame, ".4g") + "\n")
     plot_study_curves(frame, _of_model(metrics, model), _of_model(summaries, model), domain, figure)
+    if tradeoff is not None:
+        points = tradeoff_points(frame, domain, other_domain)
+        plot_tradeoff(points, tradeoff, domain, other_domain, f"{model}: {domain} validation split, {other_domain} "
+                      "test split")
     return frame

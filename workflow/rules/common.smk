@@ -185,6 +185,10 @@ STUDY = P.get("study") or {}  # the design study (workflow/rules/study.smk)
 if STUDY:
     TABLES.update(study=f"{R}/tables/study.csv")
     FIGURES.update(study_curves=f"{R}/figures/study_curves.png")
+    # The trade-off figure: the study domain against another domain the profile scores on its test split.
+    STUDY_OTHER = next((d for d in P["perplexity"]["domains"] if d != STUDY["domain"]), None)
+    if STUDY_OTHER is not None and "test" in P["perplexity"]["splits"]:
+        FIGURES.update(study_tradeoff=f"{R}/figures/study_tradeoff.png")
 EVALUATION_TABLES = [name for name in ("benchmarks", "truthfulqa", "prompt_lengths", "lora", "long_context", "ruler")
                      if name in TABLES]
 TABLES.update(claims=f"{R}/tables/claims.csv")

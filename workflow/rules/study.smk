@@ -21,11 +21,14 @@ if STUDY:
             table_md=TABLES["study"].replace(".csv", ".md"),
             figure=report(FIGURES["study_curves"], caption="../report/study_figure.rst", category="Study"),
             figure_svg=FIGURES["study_curves"].replace(".png", ".svg"),
+            **({"tradeoff": report(FIGURES["study_tradeoff"], caption="../report/study_tradeoff.rst", category="Study"),
+                "tradeoff_svg": FIGURES["study_tradeoff"].replace(".png", ".svg")} if "study_tradeoff" in FIGURES else {}),
         log:
             f"{R}/logs/study.log",
         params:
             model=STUDY["model"],
             variants=P["variants"],
             domain=STUDY["domain"],
+            other_domain=STUDY_OTHER,
         script:
             "../scripts/study.py"

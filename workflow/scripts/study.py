@@ -17,4 +17,6 @@ write_study(
     interpret=snakemake.input.interpret,
     table=snakemake.output.table,
     figure=snakemake.output.figure,
+    tradeoff=snakemake.output.get("tradeoff"),
+    other_domain=snakemake.params.other_domain,
 )

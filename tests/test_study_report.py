@@ -1,0 +1,26 @@
+"""The study's trade-off figure: each design's change on the domain against the other domain, from the study table."""
+
+import pandas as pd
+import pytest
+
+from focus.report.study import plot_tradeoff, tradeoff_points
+
+
+def test_tradeoff_points_are_changes_against_pretrained_per_mode(tmp_path):
+    frame = pd.DataFrame([
+        {"design": "pretrained", "wikitext2_test": 20.0, "needle": 0.8},
+        {"design": "a", "books_validation_soft_vs_pretrained": -0.02, "books_validation_hard_vs_pretrained": -0.01,
+         "wikitext2_test_soft": 19.0, "wikitext2_test_hard": 21.0, "distant_kept": 0.3, "needle_hard": 0.25,
+         "needle_soft": 0.9},
+        {"design": "b", "books_validation_hard_vs_pretrained": 0.05, "wikitext2_test_hard": 22.0,
+         "distant_kept": 0.2},  # hard only: its soft mode was not scored
+    ])
+    points = tradeoff_points(frame, "books", "wikitext2").set_index("design")
+    assert list(points.index) == ["a (soft)", "a (hard)", "b (hard)"]
+    assert points.loc["a (hard)", "other_change"] == pytest.approx(21.0 / 20.0 - 1)
+    assert points.loc["a (soft)", "distant_kept"] == 1.0  # soft mode keeps every pair
+    assert points.loc["a (hard)", "distant_kept"] == 0.3 and points.loc["a (hard)", "passkey"] == 0.25
+    assert pd.isna(points.loc["b (hard)", "passkey"])
+    plot_tradeoff(points.reset_index(), tmp_path / "tradeoff.png", "books", "wikitext2", "a note")
+    assert (tmp_path / "tradeoff.png").stat().st_size > 10_000 and (tmp_path / "tradeoff.svg").exists()
+    assert tradeoff_points(frame.drop(columns=["wikitext2_test"]), "books", "wikitext2").empty  # nothing to compare
