@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.profiler import record_function
 
 from focus.attention.growing_cache import GrowingCache
 from focus.attention.routing import cache_key_groups, group_membership
@@ -288,7 +289,8 @@ def sparse_decode_attention(
     # A step's arithmetic takes a few hundred microseconds and every op's dispatch a few more: each line below is
     # one bmm, gather or elementwise op on views, with no broadcasting helpers between them.
     kv_rows = index.query_head_rows(h)  # (B, H) each query head's row of the (B * K) key/value heads
-    positions, drop = _distant_keys(index, query_groups, start, kv_rows)  # (B, H, n)
+    with record_function("focus/step_select"):
+        positions, drop = _distant_keys(index, query_groups, start, kv_rows)  # (B, H, n)
     key_rows, span = _as_rows(key)
     value_rows, _ = _as_rows(value)
     rows = (kv_rows[..., None] * span + positions).view(b * h, -1)  # into key_rows and value_rows

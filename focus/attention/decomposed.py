@@ -36,6 +36,7 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+from torch.profiler import record_function
 
 from focus.attention.fast_path import current_fast_path
 
@@ -112,10 +113,14 @@ def decomposed_hard_attention(
     groups_q = groups if query_groups is None else query_groups.sort(dim=-1)[0]
 
     q = query.view(b, k_heads, r, length, d)  # (B, K, R, L, D)
-    local_out, local_lse = _local_part(q, key, value, groups_q, groups, window, valid, sinks, scaling, block)
-    entries = _group_entries(groups_q, groups, valid, sinks)
-    seg_out, seg_lse = _group_part(q, key, value, entries, scaling, backend)
-    out = _merge(local_out, local_lse, seg_out, seg_lse, entries, valid)  # (B, K, R, L, D)
+    with record_function("focus/decomposed_local"):
+        local_out, local_lse = _local_part(q, key, value, groups_q, groups, window, valid, sinks, scaling, block)
+    with record_function("focus/decomposed_sort"):
+        entries = _group_entries(groups_q, groups, valid, sinks)
+    with record_function("focus/decomposed_groups"):
+        seg_out, seg_lse = _group_part(q, key, value, entries, scaling, backend)
+    with record_function("focus/decomposed_merge"):
+        out = _merge(local_out, local_lse, seg_out, seg_lse, entries, valid)  # (B, K, R, L, D)
     return out.reshape(b, h, length, d).to(query.dtype)
 
 

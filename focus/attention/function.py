@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.profiler import record_function
 
 from focus.attention.decoding import GroupIndex, index_new_keys, sparse_decode_attention, take_cache_index
 from focus.attention.decomposed import decomposed_hard_attention
@@ -106,18 +107,21 @@ def _attend(module, query, key, value, attention_mask, scaling, dropout, softcap
         past = k_len - q_len
         arrived = (key if config.route_on == "key" else value)[:, :, past:]
         valid = None if base_mask is None else base_mask.any(dim=-2)[:, 0, past:]
-        index_new_keys(module, index, routing_vectors(module, arrived, positions[:, past:]), past, valid)
+        with record_function("focus/index_new_keys"):  # labels for torch.profiler (benchmarks/profile_focus.py)
+            index_new_keys(module, index, routing_vectors(module, arrived, positions[:, past:]), past, valid)
     if config.window >= k_len and trace is None:
         return call.unmodified()  # every pair the model allows is local: Focus is the model's own attention
     if index is not None and q_len == 1 and config.mode == "hard" and trace is None and call.fast_path_applies():
-        return _sparse_step(module, call, index, positions)
+        with record_function("focus/sparse_step"):
+            return _sparse_step(module, call, index, positions)
     key_vectors = routing_vectors(module, key if config.route_on == "key" else value, positions)
     if trace is not None:
         trace.append(layer_routing_logits(module, key_vectors))
     if config.window >= k_len:
         return call.unmodified()
 
-    routed = route_call(module, query, key_vectors, base_mask, positions)
+    with record_function("focus/route"):
+        routed = route_call(module, query, key_vectors, base_mask, positions)
     if config.objective == "attention_recall" and centroids_training(module):
         # Training for recall: the layer attends as the pretrained model does, and scores its routing against that.
         loss = recall_loss(query, key, routed.query_log_assign, routed.key_log_assign, config.window, base_mask,
@@ -136,7 +140,8 @@ def _attend(module, query, key, value, attention_mask, scaling, dropout, softcap
         return soft + (hard - soft).detach()
     if config.mode == "soft":
         return _soft_attention(config, call, routed)
-    return _hard_attention(config, call, routed, index)
+    with record_function("focus/hard_attention"):
+        return _hard_attention(config, call, routed, index)
 
 
 def _soft_attention(config: FocusConfig, call: AttentionCall, routed: Routed) -> torch.Tensor:
