@@ -1,5 +1,7 @@
 """The study's trade-off figure: each design's change on the domain against the other domain, from the study table."""
 
+import math
+
 import pandas as pd
 import pytest
 
@@ -24,3 +26,30 @@ def test_tradeoff_points_are_changes_against_pretrained_per_mode(tmp_path):
     plot_tradeoff(points.reset_index(), tmp_path / "tradeoff.png", "books", "wikitext2", "a note")
     assert (tmp_path / "tradeoff.png").stat().st_size > 10_000 and (tmp_path / "tradeoff.svg").exists()
     assert tradeoff_points(frame.drop(columns=["wikitext2_test"]), "books", "wikitext2").empty  # nothing to compare
+
+
+def test_perplexity_figure_draws_paired_changes_of_real_models_only(tmp_path):
+    """The perplexity table gains each method's paired change against pretrained; the figure leaves tiny models out."""
+    import json
+
+    from focus.report.figures import plot_perplexity_changes
+    from focus.report.tables import perplexity_frame
+
+    def record(model, source, method, windows):
+        path = tmp_path / f"{model}-{method}.json"
+        path.write_text(json.dumps({"model": model, "source": source, "method": method, "domain": "books",
+                                    "perplexity": 1.0, "nll": 0.0, "tokens": 10, "context_length": 8, "seconds": 1.0,
+                                    "window_nll": windows}))
+        return path
+
+    records = [record("smollm2", "smollm2-135m-instruct", "pretrained", [3.0, 3.2, 3.4]),
+               record("smollm2", "smollm2-135m-instruct", "focus-hard", [2.9, 3.15, 3.3]),
+               record("tiny-qwen2", "tiny:qwen2", "pretrained", [10.0, 10.1, 10.2]),
+               record("tiny-qwen2", "tiny:qwen2", "focus-hard", [10.0, 10.2, 10.2])]
+    frame = perplexity_frame(records).set_index(["model", "method"])
+    change = frame.loc[("smollm2", "focus-hard")]
+    assert change["change"] == pytest.approx(math.expm1((-0.1 - 0.05 - 0.1) / 3))
+    assert change["change_low"] < change["change"] < change["change_high"]
+    assert pd.isna(frame.loc[("smollm2", "pretrained"), "change"])
+    plot_perplexity_changes(frame.reset_index(), tmp_path / "perplexity.png")
+    assert (tmp_path / "perplexity.png").stat().st_size > 10_000

@@ -1,4 +1,4 @@
-"""Figures of a pipeline run: training loss curves and perplexity bars."""
+"""Figures of a pipeline run: training loss curves and perplexity changes against the pretrained model."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from focus.artifacts import panels, pyplot, save_figure
+from focus.pipeline.methods import PRETRAINED
 from focus.report.tables import _BASELINES
 
 
@@ -15,8 +16,8 @@ def plot_figures(
     metrics_files: list[str | Path], perplexity_csv: str | Path, loss_curves: str | Path, perplexity: str | Path
 ) -> None:
     """Loss curves (one panel per model; per trained variant, train loss solid and validation loss dashed where
-    measured) and perplexity bars (one panel per
-    model, bars per method, grouped by test corpus), each as PNG plus an SVG sibling."""
+    measured) and perplexity changes against pretrained (`plot_perplexity_changes`), each as PNG plus an SVG
+    sibling."""
     plt = pyplot()
 
     curves: dict[str, dict[str, pd.DataFrame]] = {}
@@ -36,14 +37,38 @@ def plot_figures(
         ax.legend(fontsize="small")
     save_figure(fig, loss_curves)
 
-    table = pd.read_csv(perplexity_csv)
-    models = list(dict.fromkeys(table["model"]))
-    fig, axes = panels(plt, len(models))
+    plot_perplexity_changes(pd.read_csv(perplexity_csv), perplexity)
+
+
+def plot_perplexity_changes(table: pd.DataFrame, figure: str | Path) -> None:
+    """Each method's perplexity change against the pretrained model (%) with its paired 95% interval over the scored
+    windows, one marker per domain, one panel per real model. Models of random weights (sources `tiny:...`) are
+    plumbing checks, their perplexity in the thousands: they are named under the figure and left to the table."""
+    plt = pyplot()
+    plumbing = table["source"].fillna("").str.startswith("tiny:") if "source" in table else False
+    real = table[~plumbing & table["method"].ne(PRETRAINED)].dropna(subset=["change"])
+    models = list(dict.fromkeys(real["model"]))
+    fig, axes = panels(plt, max(1, len(models)))
     for ax, model in zip(axes, models):
-        pivot = table[table["model"] == model].pivot_table(index="domain", columns="method", values="perplexity",
-                                                           sort=False)
-        order = [m for m in _BASELINES if m in pivot.columns] + [m for m in pivot.columns if m not in _BASELINES]
-        pivot[order].plot.bar(ax=ax, rot=0, logy=True)
-        ax.set(title=model, xlabel="test corpus", ylabel="perplexity (log scale)")
-        ax.legend(fontsize="small")
-    save_figure(fig, perplexity)
+        rows = real[real["model"] == model]
+        methods = list(dict.fromkeys(m for m in list(_BASELINES) + list(rows["method"]) if m in set(rows["method"])))
+        domains = list(dict.fromkeys(rows["domain"]))
+        for offset, domain in enumerate(domains):
+            at = rows[rows["domain"] == domain].set_index("method").reindex(methods)
+            y = [i + (offset - (len(domains) - 1) / 2) * 0.2 for i in range(len(methods))]
+            change, low, high = (100 * at[c] for c in ("change", "change_low", "change_high"))
+            ax.errorbar(change, y, xerr=[change - low, high - change], fmt="o", capsize=3, label=domain)
+        ax.axvline(0, color="black", linestyle="--", linewidth=0.8)
+        ax.set_yticks(range(len(methods)), methods)
+        ax.invert_yaxis()
+        ax.set(title=f"{model}: test perplexity (left of 0 is better)",
+               xlabel="change against pretrained (%), paired 95% interval")
+        ax.legend(fontsize="small", title="test corpus")
+    if not models:
+        axes[0].text(0.5, 0.5, "no pretrained model with real weights in this run", ha="center", transform=axes[0].transAxes)
+        axes[0].set_axis_off()
+    checks = sorted(set(table.loc[plumbing, "model"])) if "source" in table else []
+    if checks:
+        fig.text(0.01, 0.005, f"Random-weight models ({', '.join(checks)}) are plumbing checks: see "
+                 "tables/perplexity.md.", fontsize=7)
+    save_figure(fig, figure)

@@ -12,19 +12,29 @@ from pathlib import Path
 import pandas as pd
 
 from focus.artifacts import markdown_table
+from focus.eval.paired import paired_ratio
 from focus.files import write_text
+from focus.pipeline.methods import PRETRAINED
 
 # Column order of the perplexity pivot: baselines first, then Focus variants as they come.
 _BASELINES = ("pretrained", "full_finetune")
 
 
 def perplexity_frame(records: list[str | Path]) -> pd.DataFrame:
-    """One row per (model, method, domain) perplexity record."""
+    """One row per (model, method, domain) perplexity record, with its change against the pretrained model on the same
+    windows (`change`, ratio - 1) and that change's paired 95% interval (`change_low`, `change_high`; empty for the
+    pretrained model itself, or where no pretrained record of the model and domain is among `records`)."""
+    loaded = [json.loads(Path(path).read_text()) for path in records]
+    base = {(r["model"], r["domain"]): r for r in loaded if r["method"] == PRETRAINED}
     rows = []
-    for path in records:
-        record = json.loads(Path(path).read_text())
-        rows.append({key: record[key] for key in ("model", "method", "domain", "perplexity", "nll", "tokens",
-                                                  "context_length", "seconds")})
+    for record in loaded:
+        row = {key: record.get(key) for key in ("model", "source", "method", "domain", "perplexity", "nll", "tokens",
+                                                "context_length", "seconds")}
+        reference = base.get((record["model"], record["domain"]))
+        if record["method"] != PRETRAINED and reference is not None and len(record["window_nll"]) > 1:
+            row["change"], row["change_low"], row["change_high"] = paired_ratio(record["window_nll"],
+                                                                                reference["window_nll"])
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
