@@ -4,9 +4,10 @@ another domain and pass-key retrieval, with the N key/value heads Focus hurts mo
     .venv/bin/python benchmarks/forgetting_screen.py --adapter st=/work/runs/st300/adapter --dense 0 4 8
     .venv/bin/python benchmarks/forgetting_screen.py --adapter st=... --dense 6 --split test --tag test   # once
 
-Which heads: on pass-key prompts built from the books TRAIN split (never the scored text), each key/value head's share
-of attention mass that its hard pattern drops (`focus.eval.diagnostics.heads_by_lost_attention`); the N largest are
-kept dense. Scored on `--split` (validation chooses; test reports once): books and WikiText-2 perplexity (context
+Which heads: on pass-key prompts built from the books TRAIN split (never the scored text), `--select retrieval` (the
+default) ranks key/value heads by the attention mass the prompt's last 8 queries put on the needle in the pretrained
+model (`heads_by_needle_attention`: retrieval heads); `--select lost` by the share of their attention mass that the
+hard pattern drops (`heads_by_lost_attention`). The N first are kept dense. Scored on `--split` (validation chooses; test reports once): books and WikiText-2 perplexity (context
 512, each ratio to pretrained with its paired 95% interval over windows), pass-key trials at each length on books
 filler of that split (greedy answer correct, and the key's mean log-probability), and the share of distant pairs the
 hard pattern keeps (dense heads keep all theirs) on 8 rows of 512 tokens. Writes <out>/forgetting_screen_<tag>.{csv,md}.
@@ -25,7 +26,7 @@ import torch
 from focus import load_focus, remove_focus, set_focus_mode
 from focus.artifacts import markdown_table
 from focus.data import chunk_tokens, load_corpus, tokenize_corpus
-from focus.eval.diagnostics import distant_attention_recall, heads_by_lost_attention
+from focus.eval.diagnostics import distant_attention_recall, heads_by_lost_attention, heads_by_needle_attention
 from focus.eval.needle import needle_prompt, needle_trials
 from focus.eval.paired import paired_ratio
 from focus.eval.perplexity import perplexity
@@ -45,17 +46,20 @@ def main() -> None:
     parser.add_argument("--needle-trials", type=int, default=2, help="per depth (5 depths)")
     parser.add_argument("--select-prompts", type=int, default=4)
     parser.add_argument("--select-length", type=int, default=2048)
+    parser.add_argument("--select", choices=["retrieval", "lost"], default="retrieval")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--tag", default="validation")
+    parser.add_argument("--base-cache", default=None, help="a file keeping the pretrained model's scores between runs")
     args = parser.parse_args()
 
     model, tokenizer = load_model(PACKAGED_SMOLLM2, getattr(torch, args.dtype))
     tokens = {name: tokenize_corpus(load_corpus(name, args.split), tokenizer) for name in ("books", "wikitext2")}
     train_filler = tokenize_corpus(load_corpus("books", "train"), tokenizer)
     rng = random.Random(1)
-    select_rows = torch.stack([needle_prompt(tokenizer, train_filler, args.select_length, rng.choice(DEPTHS), rng)[0]
-                               for _ in range(args.select_prompts)])
+    prompts = [needle_prompt(tokenizer, train_filler, args.select_length, rng.choice(DEPTHS), rng)
+               for _ in range(args.select_prompts)]
+    select_rows, spans = torch.stack([p[0] for p in prompts]), [p[4] for p in prompts]
     kept_rows = chunk_tokens(tokens["books"], 512)
     kept_rows = kept_rows[torch.linspace(0, len(kept_rows) - 1, 8).long()]
 
@@ -73,39 +77,53 @@ def main() -> None:
         found["seconds"] = time.perf_counter() - tic
         return found
 
-    with torch.no_grad():
-        base = score()
-    rows = [_row("pretrained", 0, base, base, None, [])]
+    cache = Path(args.base_cache) if args.base_cache else None
+    if cache is not None and cache.exists():
+        base = torch.load(cache)
+    else:
+        with torch.no_grad():
+            base = score()
+        if cache is not None:
+            torch.save(base, cache)
+    rows = [_row("pretrained", 0, base, base, None, [], "")]
     print(rows[-1])
     for spec in args.adapter:
         name, folder = spec.split("=", 1)
         load_focus(model, folder)
         set_focus_mode(model, "hard", dense_heads=[])
         with torch.no_grad():
-            ranking = heads_by_lost_attention(model, select_rows)
+            ranking = (heads_by_needle_attention(model, select_rows, spans) if args.select == "retrieval"
+                       else heads_by_lost_attention(model, select_rows))
+        print("heads, most first:", ranking[:12])
         for count in args.dense:
             heads = [head for head, _ in ranking[:count]]
             set_focus_mode(model, "hard", dense_heads=heads)
             with torch.no_grad():
                 kept = distant_attention_recall(model, kept_rows)["kept"]
-                rows.append(_row(name, count, score(), base, kept, heads))
+                rows.append(_row(name, count, score(), base, kept, heads, args.select if count else ""))
             print(rows[-1])
+            _write(rows, args)  # after every row: a stopped screen keeps what it measured
         remove_focus(model)
 
+    _write(rows, args)
+    print((Path(args.out) / f"forgetting_screen_{args.tag}.md").read_text())
+
+
+def _write(rows: list[dict], args) -> None:
     frame = pd.DataFrame(rows)
     out = Path(args.out)
     setting = (f"SmolLM2-135M-Instruct, {args.dtype}, {args.split} split: books and WikiText-2 perplexity on "
                f"{args.max_tokens} tokens at context 512 (ratio to pretrained, paired 95% interval over windows); "
                f"pass-key {len(DEPTHS) * args.needle_trials} trials per length on books filler; dense heads chosen "
-               f"on {args.select_prompts} pass-key prompts of {args.select_length} tokens of the books train split.")
+               f"by {args.select} on {args.select_prompts} pass-key prompts of {args.select_length} tokens of the books "
+               "train split.")
     write_text(out / f"forgetting_screen_{args.tag}.csv", frame.to_csv(index=False))
     shown = frame.drop(columns=["dense_heads"] + [c for c in frame.columns if c.endswith(("_low", "_high"))])
     write_text(out / f"forgetting_screen_{args.tag}.md", f"{setting}\n\n{markdown_table(shown, '.4g')}\n")
-    print((out / f"forgetting_screen_{args.tag}.md").read_text())
 
 
-def _row(name: str, count: int, found: dict, base: dict, kept: float | None, heads: list[str]) -> dict:
-    row = {"adapter": name, "dense": count, "distant_kept": kept}
+def _row(name: str, count: int, found: dict, base: dict, kept: float | None, heads: list[str], select: str) -> dict:
+    row = {"adapter": name, "dense": count, "select": select, "distant_kept": kept}
     for domain in ("books", "wikitext2"):
         row[f"{domain}_ppl"] = found[domain]["ppl"]
         ratio, low, high = ((0.0, 0.0, 0.0) if found is base

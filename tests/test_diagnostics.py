@@ -4,11 +4,17 @@ import pytest
 import torch
 from test_attention import make_inputs, make_layer
 
-from focus import FocusConfig, apply_focus, remove_focus
+from focus import FocusConfig, apply_focus, remove_focus, set_focus_mode
 from focus.attention.reference import dense_attention, hard_allowed
 from focus.attention.routing import sink_keys, top_k_groups
 from focus.data import chunk_tokens, load_corpus, tokenize_corpus
-from focus.eval.diagnostics import _oracle_attention, distant_attention_recall, oracle_selection
+from focus.eval.diagnostics import (
+    _oracle_attention,
+    distant_attention_recall,
+    heads_by_lost_attention,
+    heads_by_needle_attention,
+    oracle_selection,
+)
 from focus.models import tiny_model
 
 
@@ -41,6 +47,44 @@ def test_recall_and_cost_of_a_sparse_pattern_are_shares(one_thread):
     assert found["recall"] <= found["oracle_recall"] + 1e-9 <= 1 + 1e-9  # nothing keeps more at the same cost
     # Summed over layers the shares weigh every layer's pairs equally: the overall cost is their mean.
     assert found["kept"] == pytest.approx(sum(layer["kept"] for layer in found["layers"]) / len(found["layers"]))
+
+
+def test_per_head_tallies_sum_to_the_layer_and_dense_heads_keep_every_distant_pair(one_thread):
+    model = tiny_model("llama", seed=0)
+    ids = rows(model)
+    apply_focus(model, FocusConfig(num_groups=8, top_k=1, window=4), calibration_ids=ids)
+    found = distant_attention_recall(model, ids)
+    heads = found["heads"][0]
+    assert len(heads) == model.config.num_key_value_heads
+    assert found["layers"][0]["kept"] == pytest.approx(sum(h["kept"] for h in heads) / len(heads))  # equal pair counts
+    ranked = heads_by_lost_attention(model, ids)
+    assert len(ranked) == model.config.num_hidden_layers * model.config.num_key_value_heads
+    assert [score for _, score in ranked] == sorted((score for _, score in ranked), reverse=True)
+    most = ranked[0][0]
+    set_focus_mode(model, "hard", dense_heads=[most])
+    layer, head = int(most[1:].split("h")[0]), int(most.split("h")[1])
+    dense = distant_attention_recall(model, ids)["heads"][layer][head]
+    assert dense["kept"] == pytest.approx(1.0) and dense["recall"] == pytest.approx(1.0) and dense["lost"] == 0
+
+
+def test_needle_attention_is_the_mass_the_last_queries_put_on_the_span(one_thread):
+    """Against transformers' eager attention weights, averaged over each key/value head's query heads."""
+    model = tiny_model("llama", seed=0)
+    ids = rows(model, length=40)
+    spans = [(10, 14), (20, 23)]
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        weights = [model(input_ids=row[None], output_attentions=True).attentions for row in ids]
+    model.set_attn_implementation("sdpa")
+    apply_focus(model, FocusConfig(num_groups=4, top_k=1, window=4), calibration_ids=ids)
+    found = dict(heads_by_needle_attention(model, ids, spans, last=3))
+    r = model.config.num_attention_heads // model.config.num_key_value_heads
+    for layer in range(model.config.num_hidden_layers):
+        for head in range(model.config.num_key_value_heads):
+            expected = sum(w[layer][0, head * r : (head + 1) * r, -3:, s:e].sum(-1).mean().item()
+                           for w, (s, e) in zip(weights, spans)) / len(spans)
+            assert found[f"l{layer}h{head}"] == pytest.approx(expected, rel=1e-4)
+    assert model.config._attn_implementation == "focus"  # restored
 
 
 def test_the_oracle_keeps_the_heaviest_distant_pairs_as_many_per_row_as_the_pattern_keeps(one_thread):

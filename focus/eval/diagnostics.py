@@ -38,6 +38,7 @@ from focus.retrofit import attention_modules, has_focus
 
 _RECALL = "focus_recall"
 _ORACLE = "focus_oracle"
+_NEEDLE = "focus_needle"
 _TALLY = "_focus_recall_tally"  # per module, (K, 6) per key/value head: mass kept, distant mass, pairs kept, distant
 # pairs, all mass, oracle mass
 
@@ -88,6 +89,61 @@ def heads_by_lost_attention(model: PreTrainedModel, rows: torch.Tensor, batch_si
     scored = [(f"l{module.layer_idx}h{head}", share["lost"])
               for module, heads in zip(modules, recall["heads"]) for head, share in enumerate(heads)]
     return sorted(scored, key=lambda item: -item[1])
+
+
+@torch.no_grad()
+def heads_by_needle_attention(
+    model: PreTrainedModel, rows: torch.Tensor, spans: list[tuple[int, int]], last: int = 8
+) -> list[tuple[str, float]]:
+    """Every key/value head of `model` as a `FocusConfig.dense_heads` entry with the attention mass that the last
+    `last` queries of pass-key prompts put on the needle (mean over prompts, queries and the head's query heads),
+    most first: the retrieval heads (Wu et al. 2024, RazorAttention), measured in the pretrained model (Focus off).
+
+    Args:
+        rows: (N, L) pass-key prompts (`focus.eval.needle.needle_prompt`), unpadded; spans: each one's needle [start, end).
+    """
+    if not has_focus(model):
+        raise ValueError("heads_by_needle_attention needs a model with Focus applied (it names Focus's heads)")
+    modules = attention_modules(model)
+    AttentionInterface.register(_NEEDLE, _needle_attention)
+    AttentionMaskInterface.register(_NEEDLE, sdpa_mask)
+    current = model.config._attn_implementation
+    model.set_attn_implementation(_NEEDLE)
+    try:
+        for module in modules:
+            setattr(module, _TALLY, 0)
+        for row, span in zip(rows, spans):
+            for module in modules:
+                module._focus_needle = (span, last)
+            model(input_ids=row[None].to(input_device(model)), use_cache=False)
+    finally:
+        model.set_attn_implementation(current)
+        tallies = [getattr(module, _TALLY) for module in modules]
+        for module in modules:
+            delattr(module, _TALLY)
+            module.__dict__.pop("_focus_needle", None)
+    scored = [(f"l{module.layer_idx}h{head}", float(mass) / len(rows))
+              for module, tally in zip(modules, tallies) for head, mass in enumerate(tally)]
+    return sorted(scored, key=lambda item: -item[1])
+
+
+def _needle_attention(module: nn.Module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None,
+                      **kwargs):
+    """The unmodified attention, tallying per key/value head the mass of the last queries on the needle span."""
+    (start, end), last = module._focus_needle
+    b, h, q_len, d = query.shape
+    k_heads, k_len = key.shape[1], key.shape[2]
+    q = query[:, :, -last:].float().unflatten(1, (k_heads, h // k_heads))  # (B, K, R, last, D)
+    logits = torch.einsum("bkrqd,bkld->bkrql", q, key.float()) * (d**-0.5 if scaling is None else scaling)
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    allowed = torch.arange(k_len, device=key.device)[None] <= torch.arange(k_len - last, k_len, device=key.device)[:, None]
+    weights = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
+    mass = weights[..., start:end].sum(dim=-1).mean(dim=(0, 2, 3))  # (K,)
+    setattr(module, _TALLY, getattr(module, _TALLY) + mass.double().cpu())
+    base_mask = None if attention_mask is None else attention_mask[..., :k_len]
+    out = unmodified_attention(query, key, value, base_mask, scaling, dropout, softcap)
+    return out.transpose(1, 2).contiguous(), None
 
 
 def _shares(tally: torch.Tensor) -> dict[str, float]:

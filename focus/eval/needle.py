@@ -45,7 +45,7 @@ def needle_trials(
     cells = [(length, depth, trial) for length in lengths for depth in depths for trial in range(trials)]
     records = []
     for length, depth, trial in tqdm(cells, desc="needle", disable=not progress):
-        prompt, answer, key, distance = needle_prompt(tokenizer, filler, length, depth, rng, question)
+        prompt, answer, key, distance, _ = needle_prompt(tokenizer, filler, length, depth, rng, question)
         prompt = prompt.unsqueeze(0).to(device)
         key_logprob = _continuation_logprob(model, prompt, answer.to(device))
         generated = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=answer.numel() + 1,
@@ -67,9 +67,10 @@ def needle_trials(
 
 def needle_prompt(
     tokenizer, filler: torch.Tensor, length: int, depth: float, rng: random.Random, question: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor, str, int]:
+) -> tuple[torch.Tensor, torch.Tensor, str, int, tuple[int, int]]:
     """One trial's prompt: (prompt (length,) token ids, the answer's token ids, the key, the tokens from the needle's
-    end to the last prompt token). Draws the key, then the filler's offset, from `rng`."""
+    end to the last prompt token, the needle's span [start, end) in the prompt). Draws the key, then the filler's
+    offset, from `rng`."""
     if question is None:
         question = tokenizer(QUESTION, add_special_tokens=False, return_tensors="pt").input_ids[0]
     key = str(rng.randrange(10000, 100000))
@@ -83,7 +84,7 @@ def needle_prompt(
     text = filler[start : start + room]
     at = round(depth * room)
     prompt = torch.cat([text[:at], needle, text[at:], question])
-    return prompt, answer, key, room - at + question.numel()
+    return prompt, answer, key, room - at + question.numel(), (at, at + needle.numel())
 
 
 def _continuation_logprob(model, prompt: torch.Tensor, continuation: torch.Tensor) -> float:

@@ -1,0 +1,63 @@
+"""One picture of the design study's trade-off: every design measured so far, gain on books against forgetting on
+WikiText-2, from the committed tables (issue 27).
+
+    .venv/bin/python benchmarks/study_tradeoff.py
+
+Reads benchmarks/results/study_part{1..4}.csv (the study rule's tables: books validation, WikiText-2 test, pass-key of
+12 trials at 1K and 2K) and forgetting_screen_validation.csv (books and WikiText-2 validation, pass-key at 1K-4K),
+and draws benchmarks/results/study_tradeoff.{png,svg} with its table study_tradeoff.md (`focus.report.study`'s
+trade-off figure, which the study rule draws for a run).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pandas as pd
+
+from focus.artifacts import markdown_table
+from focus.files import write_text
+from focus.report.study import plot_tradeoff, tradeoff_points
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--results", default="benchmarks/results")
+    args = parser.parse_args()
+    results = Path(args.results)
+
+    points = []
+    for part in range(1, 5):
+        path = results / f"study_part{part}.csv"
+        if path.exists():
+            found = tradeoff_points(pd.read_csv(path), "books", "wikitext2")
+            found["design"] = f"part {part}: " + found["design"]
+            points.append(found)
+    points = pd.concat(points).drop_duplicates(subset=["domain_change", "other_change"])
+    screen = results / "forgetting_screen_validation.csv"
+    if screen.exists():
+        rows = pd.read_csv(screen)
+        rows = rows[rows["adapter"] != "pretrained"]
+        passkey = [c for c in rows if c.startswith("needle_")]
+        points = pd.concat([points, pd.DataFrame({
+            "design": "screen: " + rows["adapter"] + ", " + rows["dense"].astype(str) + " dense heads",
+            "domain_change": rows["books_change"], "other_change": rows["wikitext2_change"],
+            "distant_kept": rows["distant_kept"],
+            "passkey": rows[passkey].apply(lambda r: sum(_share(v) for v in r) / len(r), axis=1),
+        })])
+    note = ("parts 1-4: books validation against WikiText-2 test, pass-key of 12 trials at 1K-2K; screen: both "
+            "validation splits, pass-key at 1K-4K. SmolLM2-135M-Instruct, window 64, 16 groups, top-2, bfloat16.")
+    plot_tradeoff(points, results / "study_tradeoff.png", "books", "WikiText-2", note)
+    write_text(results / "study_tradeoff.md", f"{note}\n\n{markdown_table(points, '.3g')}\n")
+    print((results / "study_tradeoff.md").read_text())
+
+
+def _share(cell: str) -> float:
+    """'7/10' -> 0.7."""
+    correct, trials = str(cell).split("/")
+    return int(correct) / int(trials)
+
+
+if __name__ == "__main__":
+    main()
