@@ -41,7 +41,8 @@ def main() -> None:
         rows = rows[rows["adapter"] != "pretrained"]
         passkey = [c for c in rows if c.startswith("needle_")]
         points = pd.concat([points, pd.DataFrame({
-            "design": "screen: " + rows["adapter"] + ", " + rows["dense"].astype(str) + " dense heads",
+            "design": "screen: " + rows["adapter"] + ", " + rows["dense"].astype(str) + " dense heads"
+                      + rows["select"].fillna("").map(lambda s: f" ({s})" if s else ""),
             "domain_change": rows["books_change"], "other_change": rows["wikitext2_change"],
             "distant_kept": rows["distant_kept"],
             "passkey": rows[passkey].apply(lambda r: sum(_share(v) for v in r) / len(r), axis=1),

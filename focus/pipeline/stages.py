@@ -116,7 +116,7 @@ def train_focus(
                       reference_eval=reference, eval_mode=eval_mode,
                       frozen_checksum={"before": frozen_before, "after": frozen_checksum(model)})
         if is_main_process():
-            write_model_card(adapter_dir, training={**record, "train": job.train})
+            write_model_card(adapter_dir, training={**record, "train": record["train_config"]})
         return job.finish(source, record)
 
 

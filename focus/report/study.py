@@ -191,26 +191,35 @@ def tradeoff_points(frame: pd.DataFrame, domain: str, other: str, split: str = "
 
 
 def plot_tradeoff(points: pd.DataFrame, figure: str | Path, domain: str, other: str, note: str = "") -> None:
-    """Every design as a point: its change against pretrained on `domain` (x) and on `other` (y), the marker's area
-    the share of distant pairs it keeps (its cost), pass-key accuracy written beside it. Lower left is better on
-    both; the dashed lines are the pretrained model."""
+    """Every design as a numbered point: its change against pretrained on `domain` (x) and on `other` (y), the
+    marker's area the share of distant pairs it keeps (its cost), dense (soft) modes hollow; the key beside the plot
+    names each number with its pairs kept and pass-key accuracy. Lower left is better on both; the dashed lines are
+    the pretrained model."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(8.5, 6))
-    kept = points["distant_kept"].fillna(1.0).astype(float)
-    ax.scatter(100 * points["domain_change"], 100 * points["other_change"], s=40 + 400 * kept, alpha=0.5,
-               edgecolors="black")
-    for _, row in points.iterrows():
-        passkey = "" if pd.isna(row.get("passkey")) else f", pass-key {row['passkey']:.0%}"
+    fig, (ax, key) = plt.subplots(1, 2, figsize=(13, 6), gridspec_kw={"width_ratios": [1.3, 1]})
+    points = points.reset_index(drop=True)
+    kept = points["distant_kept"].astype(float).fillna(0.0)  # not measured: the smallest marker, no "kept" in the key
+    dense = kept >= 1.0
+    x, y = 100 * points["domain_change"], 100 * points["other_change"]
+    ax.scatter(x[~dense], y[~dense], s=40 + 400 * kept[~dense], alpha=0.5, edgecolors="black", label="sparse (hard)")
+    ax.scatter(x[dense], y[dense], s=40 + 400 * kept[dense], facecolors="none", edgecolors="black",
+               label="dense (soft: no speed-up)")
+    lines = []
+    for i, row in points.iterrows():
+        ax.annotate(str(i + 1), (x[i], y[i]), fontsize=8, ha="center", va="center")
         kept_text = "" if pd.isna(row.get("distant_kept")) else f", kept {row['distant_kept']:.0%}"
-        ax.annotate(f"{row['design']}{kept_text}{passkey}", (100 * row["domain_change"], 100 * row["other_change"]),
-                    fontsize=7, xytext=(4, 4), textcoords="offset points")
+        passkey = "" if pd.isna(row.get("passkey")) else f", pass-key {row['passkey']:.0%}"
+        lines.append(f"{i + 1}. {row['design']}{kept_text}{passkey}")
     ax.axvline(0, color="black", linestyle="--", linewidth=0.8)
     ax.axhline(0, color="black", linestyle="--", linewidth=0.8)
     ax.set(xlabel=f"{domain}: perplexity change against pretrained (%)",
            ylabel=f"{other}: perplexity change against pretrained (%)",
-           title="Gain on the domain against forgetting elsewhere (marker area: distant pairs kept)")
+           title="Gain on the domain against forgetting elsewhere\n(marker area: distant pairs kept)")
+    ax.legend(fontsize="small", loc="upper left")
+    key.set_axis_off()
+    key.text(0, 1, "\n".join(lines), va="top", fontsize=7, family="monospace", wrap=True)
     if note:
-        fig.text(0.01, 0.01, note, fontsize=7)
+        fig.text(0.01, 0.01, note, fontsize=7, wrap=True)
     save_figure(fig, figure)
 
 
