@@ -236,6 +236,10 @@ class FocusConfig:
         if not isinstance(self.dense_heads, (list, tuple)):
             raise ConfigError(f"FocusConfig.dense_heads must be a list of 'l<layer>h<head>', got {self.dense_heads!r}")
         object.__setattr__(self, "dense_heads", sorted(set(self.dense_heads), key=dense_head_address))
+        by_layer: dict[int, list[int]] = {}  # parsed once: every attention call (each decoding step) asks for it
+        for layer, head in map(dense_head_address, self.dense_heads):
+            by_layer.setdefault(layer, []).append(head)
+        object.__setattr__(self, "_dense_by_layer", by_layer)
         if not (self.distill >= 0 and math.isfinite(self.distill)):
             raise ConfigError(f"FocusConfig.distill must be a finite number >= 0, got {self.distill}")
         if not 0 < self.gate_floor < 1:
@@ -247,7 +251,7 @@ class FocusConfig:
 
     def dense_heads_of(self, layer: int) -> list[int]:
         """The key/value heads of `layer` that attend densely (`dense_heads`)."""
-        return [head for at, head in map(dense_head_address, self.dense_heads) if at == layer]
+        return self._dense_by_layer.get(layer, [])
 
     def replace(self, **changes: Any) -> "FocusConfig":
         return from_dict(FocusConfig, {**to_dict(self), **changes})
