@@ -53,3 +53,5 @@ def test_perplexity_figure_draws_paired_changes_of_real_models_only(tmp_path):
     assert pd.isna(frame.loc[("smollm2", "pretrained"), "change"])
     plot_perplexity_changes(frame.reset_index(), tmp_path / "perplexity.png")
     assert (tmp_path / "perplexity.png").stat().st_size > 10_000
+    plot_perplexity_changes(frame.reset_index().drop(columns=["source"]), tmp_path / "older.png")  # a table before it
+    assert (tmp_path / "older.png").stat().st_size > 10_000

@@ -63,15 +63,9 @@ def distant_attention_recall(model: PreTrainedModel, rows: torch.Tensor, batch_s
     modules = attention_modules(model)
     for module in modules:
         setattr(module, _TALLY, 0)
-    AttentionInterface.register(_RECALL, _recall_attention)
-    AttentionMaskInterface.register(_RECALL, sdpa_mask)
-    current = model.config._attn_implementation
-    model.set_attn_implementation(_RECALL)
-    try:
+    with _attending(model, _RECALL, _recall_attention):
         for batch in rows.split(batch_size):
             model(input_ids=batch.to(input_device(model)), use_cache=False)
-    finally:
-        model.set_attn_implementation(current)
     tallies = [getattr(module, _TALLY) for module in modules]
     for module in modules:
         delattr(module, _TALLY)
@@ -105,23 +99,17 @@ def heads_by_needle_attention(
     if not has_focus(model):
         raise ValueError("heads_by_needle_attention needs a model with Focus applied (it names Focus's heads)")
     modules = attention_modules(model)
-    AttentionInterface.register(_NEEDLE, _needle_attention)
-    AttentionMaskInterface.register(_NEEDLE, sdpa_mask)
-    current = model.config._attn_implementation
-    model.set_attn_implementation(_NEEDLE)
-    try:
-        for module in modules:
-            setattr(module, _TALLY, 0)
+    for module in modules:
+        setattr(module, _TALLY, 0)
+    with _attending(model, _NEEDLE, _needle_attention):
         for row, span in zip(rows, spans):
             for module in modules:
                 module._focus_needle = (span, last)
             model(input_ids=row[None].to(input_device(model)), use_cache=False)
-    finally:
-        model.set_attn_implementation(current)
-        tallies = [getattr(module, _TALLY) for module in modules]
-        for module in modules:
-            delattr(module, _TALLY)
-            module.__dict__.pop("_focus_needle", None)
+    tallies = [getattr(module, _TALLY) for module in modules]
+    for module in modules:
+        delattr(module, _TALLY)
+        del module._focus_needle
     scored = [(f"l{module.layer_idx}h{head}", float(mass) / len(rows))
               for module, tally in zip(modules, tallies) for head, mass in enumerate(tally)]
     return sorted(scored, key=lambda item: -item[1])
@@ -188,10 +176,18 @@ def oracle_selection(model: PreTrainedModel) -> Iterator[PreTrainedModel]:
     """
     if not has_focus(model):
         raise ValueError("oracle_selection needs a model with Focus applied")
-    AttentionInterface.register(_ORACLE, _oracle_attention)
-    AttentionMaskInterface.register(_ORACLE, sdpa_mask)
+    with _attending(model, _ORACLE, _oracle_attention):
+        yield model
+
+
+@contextlib.contextmanager
+def _attending(model: PreTrainedModel, name: str, function) -> Iterator[PreTrainedModel]:
+    """Within the block every layer of `model` attends through `function`, registered under `name` (with the model's
+    mask); the attention the model had is back afterwards."""
+    AttentionInterface.register(name, function)
+    AttentionMaskInterface.register(name, sdpa_mask)
     current = model.config._attn_implementation
-    model.set_attn_implementation(_ORACLE)
+    model.set_attn_implementation(name)
     try:
         yield model
     finally:

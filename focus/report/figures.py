@@ -45,7 +45,8 @@ def plot_perplexity_changes(table: pd.DataFrame, figure: str | Path) -> None:
     windows, one marker per domain, one panel per real model. Models of random weights (sources `tiny:...`) are
     plumbing checks, their perplexity in the thousands: they are named under the figure and left to the table."""
     plt = pyplot()
-    plumbing = table["source"].fillna("").str.startswith("tiny:") if "source" in table else False
+    sources = table["source"] if "source" in table else pd.Series("", index=table.index)  # tables before the column
+    plumbing = sources.fillna("").str.startswith("tiny:")
     real = table[~plumbing & table["method"].ne(PRETRAINED)].dropna(subset=["change"])
     models = list(dict.fromkeys(real["model"]))
     fig, axes = panels(plt, max(1, len(models)))
@@ -67,7 +68,7 @@ def plot_perplexity_changes(table: pd.DataFrame, figure: str | Path) -> None:
     if not models:
         axes[0].text(0.5, 0.5, "no pretrained model with real weights in this run", ha="center", transform=axes[0].transAxes)
         axes[0].set_axis_off()
-    checks = sorted(set(table.loc[plumbing, "model"])) if "source" in table else []
+    checks = sorted(set(table.loc[plumbing, "model"]))
     if checks:
         fig.text(0.01, 0.005, f"Random-weight models ({', '.join(checks)}) are plumbing checks: see "
                  "tables/perplexity.md.", fontsize=7)
