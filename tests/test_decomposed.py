@@ -99,6 +99,20 @@ def test_block_size_does_not_matter(one_thread):
         torch.testing.assert_close(out, outs[0], atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("chunk", [1, 7, 32, 512])
+def test_query_routed_chunks_do_not_matter(chunk, one_thread):
+    """Query routing attends each segment's queries to its keys in chunks: whole key prefixes without a mask, the
+    band up to the chunk's last query with one. Long segments (3 groups, 300 tokens) give chunks of every kind."""
+    query, key, value, groups, valid = inputs(2, 4, 2, 300, 8, 3, 2, seed=5, pad=11)
+    query_groups = random_groups(2, 4, 300, 3, 2, torch.Generator().manual_seed(9))
+    sinks = sink_keys(valid, 300, 1)
+    expected = reference(query, key, value, groups, 3, 10, valid, sinks, query_groups=query_groups)
+    got = decomposed_hard_attention(query, key, value, groups, 10, valid, sinks, backend="torch",
+                                    query_groups=query_groups, chunk=chunk)
+    rows = valid[:, None, :, None].expand_as(got)
+    torch.testing.assert_close(got[rows], expected[rows], atol=2e-6, rtol=1e-5)
+
+
 def test_bfloat16_error_within_twice_the_reference_error(one_thread):
     """flash-attn's rule: error vs an fp32 reference at most twice that of the same-precision reference."""
     spec = dict(b=1, h=4, k_heads=2, length=200, d=32, num_groups=4, top_k=2)

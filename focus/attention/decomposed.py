@@ -17,10 +17,14 @@ masked reference. Forward only: hard mode is for inference (training uses the so
 
 **Query-side routing** (`query_groups`: each query head has groups of its own, a key its key's groups): a pair is kept
 when the query's groups meet the key's. Every query head then runs as a key/value head of its own (keys repeated),
-and a segment of subset T is the position-sorted union of the queries holding T and the keys holding T: one causal
-call still sees every pair (i, j <= i) of it, and a row that is only a query is never attended to because its key
-gets an extra head dimension that puts its logit at -1e4 / scale below everything (exp(-1e4) is 0 in float32) while
-queries get a 1 there. Still standard causal kernels, no mask; the cost is the union's length instead of the keys'.
+and a segment of subset T has two sides: the queries holding T and the keys holding T. On the "torch" backend the
+queries attend to the keys (a rectangle, `focus.attention.rectangle`): in chunks of queries, each against the keys before it
+(unmasked) and a thin band up to its last query (masked). The union form (below) would run the position-sorted union
+of both as one causal call, about four times the pairs when queries and keys of a segment are as many and distinct.
+
+"flash" backend, union form: a row that is only a query is never attended to because its key gets an extra head
+dimension that puts its logit at -1e4 / scale below everything (exp(-1e4) is 0 in float32) while queries get a 1
+there. Still standard causal kernels, no mask; the cost is the union's length instead of the keys'.
 
 Backends for the group part: "flash" (flash-attn `flash_attn_varlen_func`, all segments in one call; CUDA)
 and "torch" (one `_scaled_dot_product_flash_attention_for_cpu`-style call per segment: PyTorch's fused causal
@@ -30,15 +34,15 @@ kernel that also returns the log-sum-exp). `select_backend` picks; `focus.attent
 from __future__ import annotations
 
 import functools
-import itertools
 import math
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch.profiler import record_function
 
 from focus.attention.fast_path import current_fast_path
+from focus.attention.rectangle import rectangle_entries, rectangle_part
+from focus.attention.segments import Entries, masked_with_lse, subset_codes, subset_sign
 
 BACKENDS = ("flash", "torch")
 
@@ -79,6 +83,7 @@ def decomposed_hard_attention(
     backend: str | None = None,
     block: int = 64,
     query_groups: torch.Tensor | None = None,
+    chunk: int = 64,
 ) -> torch.Tensor:
     """Hard Focus attention of a full sequence (queries = keys, causal), decomposed.
 
@@ -93,6 +98,7 @@ def decomposed_hard_attention(
         block: query block length of the local part.
         query_groups: (B, H, L, k) long, each query head's own groups (`route_queries="query"`); None: a query
             takes its token's key groups, `groups`.
+        chunk: queries per kernel row block of the group part when `query_groups` is given ("torch" backend).
 
     Returns:
         (B, H, L, D) in the dtype of `query`; rows of padding queries are zero.
@@ -115,10 +121,17 @@ def decomposed_hard_attention(
     q = query.view(b, k_heads, r, length, d)  # (B, K, R, L, D)
     with record_function("focus/decomposed_local"):
         local_out, local_lse = _local_part(q, key, value, groups_q, groups, window, valid, sinks, scaling, block)
-    with record_function("focus/decomposed_sort"):
-        entries = _group_entries(groups_q, groups, valid, sinks)
-    with record_function("focus/decomposed_groups"):
-        seg_out, seg_lse = _group_part(q, key, value, entries, scaling, backend)
+    if query_groups is not None and backend == "torch":
+        # Queries and keys of a segment differ: attend queries to keys (a rectangle), not their union to itself.
+        with record_function("focus/decomposed_sort"):
+            entries, key_rows = rectangle_entries(groups_q, groups, valid, sinks)
+        with record_function("focus/decomposed_groups"):
+            entries, seg_out, seg_lse = rectangle_part(q, key, value, entries, key_rows, scaling, chunk)
+    else:
+        with record_function("focus/decomposed_sort"):
+            entries = _group_entries(groups_q, groups, valid, sinks)
+        with record_function("focus/decomposed_groups"):
+            seg_out, seg_lse = _group_part(q, key, value, entries, scaling, backend)
     with record_function("focus/decomposed_merge"):
         out = _merge(local_out, local_lse, seg_out, seg_lse, entries, valid)  # (B, K, R, L, D)
     return out.reshape(b, h, length, d).to(query.dtype)
@@ -127,35 +140,7 @@ def decomposed_hard_attention(
 # ---- group part ------------------------------------------------------------------------------------------------
 
 
-class _Entries(NamedTuple):
-    """The packed rows of every segment, sorted by (batch, head, subset, position)."""
-
-    head: torch.Tensor  # (N,) batch * K + key/value head
-    position: torch.Tensor  # (N,) token position
-    sign: torch.Tensor  # (N,) +1 or -1: the inclusion-exclusion sign of the row's subset
-    member: torch.Tensor  # (N,) bool: the row is a query of the segment, its output merged
-    is_key: torch.Tensor  # (N,) bool: the row is a key of the segment (False: a query only, never attended to)
-    lengths: list[int]  # segment lengths, in row order
-
-
-def _subset_codes(groups: torch.Tensor, base: int) -> torch.Tensor:
-    """Every non-empty subset of each token's k groups as a code: (B, K, L, S).
-
-    A code is the base-(G+1) number of the subset's sorted members plus one, so equal subsets of different tokens (or
-    of a query and a key) get equal codes.
-    """
-    top_k = groups.shape[-1]
-    subsets = [c for size in range(1, top_k + 1) for c in itertools.combinations(range(top_k), size)]
-    codes = []
-    for members in subsets:
-        code = torch.zeros(groups.shape[:-1], dtype=torch.long, device=groups.device)
-        for slot in members:
-            code = code * base + groups[..., slot] + 1
-        codes.append(code)
-    return torch.stack(codes, dim=-1)
-
-
-def _group_entries(groups_q: torch.Tensor, groups_k: torch.Tensor, valid: torch.Tensor, sinks: torch.Tensor) -> _Entries:
+def _group_entries(groups_q: torch.Tensor, groups_k: torch.Tensor, valid: torch.Tensor, sinks: torch.Tensor) -> Entries:
     b, k_heads, length, top_k = groups_k.shape
     device = groups_k.device
     highest = max(int(groups_k.max()), int(groups_q.max())) if groups_k.numel() else 0
@@ -166,7 +151,7 @@ def _group_entries(groups_q: torch.Tensor, groups_k: torch.Tensor, valid: torch.
     keep = valid[:, None, :, None]
 
     def rows(groups, is_query, is_key):
-        code = _subset_codes(groups, base)
+        code = subset_codes(groups, base)
         mask = keep.expand_as(code)
         count = int(mask.sum())
         return (head.expand_as(code)[mask], code[mask], position.expand_as(code)[mask],
@@ -205,18 +190,7 @@ def _group_entries(groups_q: torch.Tensor, groups_k: torch.Tensor, valid: torch.
     unique, member, is_key, segment = unique[useful], member[useful], is_key[useful], segment[useful]
     _, lengths = torch.unique_consecutive(segment, return_counts=True)
     head, position = unique // length // code_span, unique % length
-    return _Entries(head, position, _subset_sign(segment % code_span, base), member, is_key, lengths.tolist())
-
-
-def _subset_sign(code: torch.Tensor, base: int) -> torch.Tensor:
-    """The inclusion-exclusion sign of the subsets given by `code`: +1 for an odd number of groups, -1 for an even one.
-    A code holds one nonzero base-`base` digit per group of its subset."""
-    size = torch.zeros_like(code)
-    rest = code.clone()
-    while bool((rest > 0).any()):
-        size += (rest > 0).long()
-        rest = rest // base
-    return torch.where(size % 2 == 1, 1, -1)
+    return Entries(head, position, subset_sign(segment % code_span, base), member, is_key, lengths.tolist())
 
 
 def _row_keys(head, code, position, code_span: int, length: int):
@@ -224,7 +198,7 @@ def _row_keys(head, code, position, code_span: int, length: int):
     return (head * code_span + code) * length + position
 
 
-def _group_part(q, key, value, entries: _Entries, scaling: float, backend: str):
+def _group_part(q, key, value, entries: Entries, scaling: float, backend: str):
     """Causal attention within every segment of `entries`: outputs (N, R, D) fp32 and log-sum-exp (N, R)."""
     b, k_heads, r, length, d = q.shape
     batch_of, head_of = entries.head // k_heads, entries.head % k_heads
@@ -375,7 +349,7 @@ def _local_part(q, key, value, groups_q, groups, window, valid, sinks, scaling, 
             blk_out, blk_lse = kernel(q_part, k_part, v_part, 0.0, False, attn_mask=mask.view(rows, 1, block, span),
                                       scale=scaling)
         else:
-            blk_out, blk_lse = _masked_with_lse(q_part, k_part, v_part, mask.view(rows, 1, block, span), scaling)
+            blk_out, blk_lse = masked_with_lse(q_part, k_part, v_part, mask.view(rows, 1, block, span), scaling)
         # The kernel returns LSE 0 and output 0 for a row with no allowed key: mark those rows empty.
         empty = ~allowed.any(dim=-1).view(rows, 1, block)
         out[:, :, part] = blk_out.float().view(b, k_heads, n, r, block, d)
@@ -385,17 +359,10 @@ def _local_part(q, key, value, groups_q, groups, window, valid, sinks, scaling, 
     return out, lse
 
 
-def _masked_with_lse(q, k, v, mask, scaling):
-    scores = (q.float() @ k.float().transpose(-1, -2)) * scaling + mask.float()
-    lse = scores.logsumexp(dim=-1)
-    weights = torch.where(torch.isfinite(lse)[..., None], (scores - lse[..., None]).exp(), 0.0)
-    return weights @ v.float(), lse
-
-
 # ---- merge -----------------------------------------------------------------------------------------------------
 
 
-def _merge(local_out, local_lse, seg_out, seg_lse, entries: _Entries, valid):
+def _merge(local_out, local_lse, seg_out, seg_lse, entries: Entries, valid):
     """Sum of every part's (signed) softmax mass per query, normalised: exact because no pair repeats."""
     b, k_heads, r, length, d = local_out.shape
     rows = entries.member

@@ -1,0 +1,175 @@
+"""The group part of query-routed hard Focus as rectangles: each segment's queries attend to its keys.
+
+With `route_queries="query"` a segment of subset T has two sides, the queries holding T and the keys holding T. Its
+queries go in chunks; a chunk sees the segment's keys before its first query (all of them: no mask, and chunks whose
+prefixes are equally long share one fused kernel call, unpadded) and a thin band of keys up to its last query (the
+causal cut as an additive mask). Every part returns its log-sum-exp, so `decomposed._merge` sums them exactly.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from focus.attention.segments import Entries, masked_with_lse, subset_codes, subset_sign
+
+
+class KeyRows(NamedTuple):
+    """The key rows of every segment of the rectangle form, sorted by (segment, position)."""
+
+    head: torch.Tensor  # (N,) batch * K + key/value head
+    position: torch.Tensor  # (N,)
+    order: torch.Tensor  # (N,) segment * L + position, sorted: what a query's visible keys are searched by
+    query_order: torch.Tensor  # (M,) the same key of each query row of the entries
+
+
+def rectangle_entries(groups_q, groups_k, valid, sinks) -> tuple[Entries, KeyRows]:
+    """Segments as (queries holding subset T) x (keys holding T) instead of their union: the query rows (entries,
+    each a query of its segment) and the key rows, both sorted by (head, subset, position)."""
+    b, k_heads, length, top_k = groups_k.shape
+    device = groups_k.device
+    base = max(int(groups_k.max()), int(groups_q.max())) + 2 if groups_k.numel() else 2
+    code_span = base**top_k
+    head = torch.arange(b * k_heads, device=device).view(b, k_heads, 1, 1)
+    position = torch.arange(length, device=device).view(1, 1, length, 1)
+
+    def rows(groups, keep):
+        code = subset_codes(groups, base)
+        keep = keep[:, None, :, None].expand_as(code)
+        return (head * code_span + code).expand_as(code)[keep], position.expand_as(code)[keep]
+
+    q_segment, q_position = rows(groups_q, valid)
+    k_segment, k_position = rows(groups_k, valid & ~sinks)
+    if sinks.any():  # sink keys join every segment of their sequence that has a query
+        present = torch.unique(q_segment)
+        sink_b, sink_pos = sinks.nonzero(as_tuple=True)
+        pair_seg, pair_sink = ((present // code_span)[:, None] // k_heads == sink_b[None, :]).nonzero(as_tuple=True)
+        k_segment = torch.cat([k_segment, present[pair_seg]])
+        k_position = torch.cat([k_position, sink_pos[pair_sink]])
+    q_order, q_sort = (q_segment * length + q_position).sort()
+    k_order, k_sort = (k_segment * length + k_position).sort()
+    q_segment, q_position, k_segment = q_segment[q_sort], q_position[q_sort], k_segment[k_sort]
+    _, lengths = torch.unique_consecutive(q_segment, return_counts=True)
+    entries = Entries(q_segment // code_span, q_position, subset_sign(q_segment % code_span, base),
+                      torch.ones_like(q_position, dtype=torch.bool), torch.zeros_like(q_position, dtype=torch.bool),
+                      lengths.tolist())
+    return entries, KeyRows(k_segment // code_span, k_position[k_sort], k_order, q_order)
+
+
+def rectangle_part(q, key, value, entries: Entries, keys: KeyRows, scaling: float, chunk: int,
+                    quantum: int = 16, fill: float = 0.8):
+    """Each segment's queries attend to its keys at positions up to theirs. Returns one row per part a query row of
+    `entries` was attended in (its entry, fp32 output (P, R, D), log-sum-exp (P, R)); a query row that sees none of
+    its segment's keys has none.
+
+    A segment's queries go in chunks of `chunk`. A chunk sees a prefix of its segment's keys, in two calls merged by
+    log-sum-exp: the keys before its first query that fill whole multiples of `quantum` (every query sees all of them:
+    no mask, and chunks with prefixes of equal length share one fused kernel call, unpadded), then the rest up to its
+    last query (a thin band with the causal cut as an additive mask).
+    """
+    b, k_heads, r, length, d = q.shape
+    device = q.device
+    n = entries.position.numel()
+    parts = []  # (query rows, output, log-sum-exp) of every call
+    if n and keys.position.numel():
+        # One gather of the rows by a flat (head, position) index; keys and values side by side.
+        flat_q = q.permute(0, 1, 3, 2, 4).reshape(b * k_heads * length, r, d)
+        flat_kv = torch.cat([key, value], dim=-1).reshape(b * k_heads * length, 2 * d)
+        packed_q = flat_q.index_select(0, entries.head * length + entries.position)  # (N, R, D)
+        packed_kv = flat_kv.index_select(0, keys.head * length + keys.position)  # (Nk, 2D)
+
+        # Chunks: consecutive rows of one segment, at most `chunk` of them.
+        sizes = torch.tensor(entries.lengths, device=device)
+        seg_of_row = torch.repeat_interleave(torch.arange(sizes.numel(), device=device), sizes)
+        rank = torch.arange(n, device=device) - (sizes.cumsum(0) - sizes)[seg_of_row]
+        _, chunk_sizes = torch.unique_consecutive(seg_of_row * (n + 1) + rank // chunk, return_counts=True)
+        chunk_start = chunk_sizes.cumsum(0) - chunk_sizes
+        first_order = keys.query_order[chunk_start]
+        key_first = torch.searchsorted(keys.order, first_order - entries.position[chunk_start])  # segment's first
+        before = torch.searchsorted(keys.order, first_order) - key_first  # keys before the chunk's first query
+        full = before // quantum * quantum
+        key_end = torch.searchsorted(keys.order, keys.query_order[chunk_start + chunk_sizes - 1], right=True)
+
+        def attend(items, k_first, k_count, masked):
+            """Chunks `items` against `k_count` keys from `k_first`: an int (all equal, no mask) or one per chunk."""
+            width = int(chunk_sizes[items].max())
+            q_rows = (chunk_start[items, None] + torch.arange(width, device=device)).clamp_max(n - 1)  # (S, w)
+            q_real = torch.arange(width, device=device) < chunk_sizes[items, None]
+            span = int(k_count.max()) if masked else k_count
+            k_rows = (k_first[:, None] + torch.arange(span, device=device)).clamp_max(keys.position.numel() - 1)
+            kv = packed_kv.index_select(0, k_rows.flatten()).view(len(items), 1, span, 2 * d).expand(-1, r, -1, -1)
+            qb = packed_q.index_select(0, q_rows.flatten()).view(len(items), width, r, d).transpose(1, 2)
+            mask = None
+            if masked:
+                allowed = (torch.arange(span, device=device) < k_count[:, None])[:, None, :] & (
+                    keys.position[k_rows][:, None, :] <= entries.position[q_rows][:, :, None])  # (S, w, span)
+                mask = torch.where(allowed, 0.0, float("-inf")).to(q.dtype)[:, None]
+            if device.type == "cpu":
+                blk_out, blk_lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                    qb, kv[..., :d], kv[..., d:], 0.0, False, attn_mask=mask, scale=scaling)
+            else:
+                blk_out, blk_lse = masked_with_lse(qb, kv[..., :d], kv[..., d:], 0.0 if mask is None else mask,
+                                                    scaling)
+            blk_lse = blk_lse.float()
+            if masked:  # the kernel returns log-sum-exp 0 for a row with no allowed key
+                blk_lse = blk_lse.masked_fill(~allowed.any(dim=-1)[:, None], float("-inf"))
+            parts.append((q_rows[q_real], blk_out.transpose(1, 2)[q_real], blk_lse.transpose(1, 2)[q_real]))
+
+        for count in torch.unique(full[full > 0]).tolist():  # whole prefixes: one unmasked call per length
+            items = (full == count).nonzero().squeeze(1)
+            attend(items, key_first[items], count, masked=False)
+        rest = key_end - key_first - full  # the band up to each chunk's last query
+        for items in _similar_lengths(rest, fill):
+            attend(items, (key_first + full)[items], rest[items], masked=True)
+    if not parts:
+        return (entries._replace(head=entries.head[:0], position=entries.position[:0], sign=entries.sign[:0],
+                                 member=entries.member[:0]),
+                q.new_zeros(0, r, d, dtype=torch.float32), q.new_zeros(0, r, dtype=torch.float32))
+    rows, out, lse = (torch.cat(column) for column in zip(*parts))
+    # One row per contribution: the merge sums every part of a query (its signs and log-sum-exps) as it does for
+    # the other form's segments.
+    return (Entries(entries.head[rows], entries.position[rows], entries.sign[rows], entries.member[rows],
+                     entries.is_key[rows], []), out.float(), lse)
+
+
+def _similar_lengths(lengths: torch.Tensor, fill: float) -> list[torch.Tensor]:
+    """The indices of the positive `lengths` in batches, longest first, each batch's lengths at least `fill` times
+    its longest (so padding every member to the longest wastes at most 1 - fill)."""
+    order = torch.argsort(lengths, descending=True, stable=True)
+    order = order[lengths[order] > 0]
+    values = lengths[order].tolist()
+    batches, first = [], 0
+    while first < len(values):
+        last = first + 1
+        while last < len(values) and values[last] >= fill * values[first]:
+            last += 1
+        batches.append(order[first:last])
+        first = last
+    return batches
+
+
+def _similar_lengths(lengths: torch.Tensor, fill: float) -> list[torch.Tensor]:
+    """The indices of the positive `lengths` in batches, longest first, each batch's lengths at least `fill` times
+    its longest (so padding every member to the longest wastes at most 1 - fill)."""
+    order = torch.argsort(lengths, descending=True, stable=True)
+    order = order[lengths[order] > 0]
+    values = lengths[order].tolist()
+    batches, first = [], 0
+    while first < len(values):
+        last = first + 1
+        while last < len(values) and values[last] >= fill * values[first]:
+            last += 1
+        batches.append(order[first:last])
+        first = last
+    return batches
+
+
+def _merge_into(out, lse, rows, part_out, part_lse):
+    """out, lse[rows] := the softmax merge of what they hold and (part_out, part_lse); rows are distinct."""
+    old_lse = lse[rows]
+    new_lse = torch.logaddexp(old_lse, part_lse)
+    new_lse_safe = torch.where(torch.isfinite(new_lse), new_lse, 0.0)
+    out[rows] = (out[rows] * (old_lse - new_lse_safe).exp()[..., None]
+                 + part_out * (part_lse - new_lse_safe).exp()[..., None])
+    lse[rows] = new_lse
