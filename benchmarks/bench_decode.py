@@ -2,6 +2,8 @@
 
     .venv/bin/python benchmarks/bench_decode.py                     # CPU: one layer 4K-64K, SmolLM2 generate 4K-16K
     python benchmarks/bench_decode.py --device cuda --dtype bfloat16 --tag h100
+    .venv/bin/python benchmarks/bench_decode.py --cache-lengths 4096 --prompt-lengths 1024 2048 4096 8192 \
+        --generate-settings 16:64:1 16:64:2 --adapter /work/runs/st300/adapter --text books:validation --tag trained
 
 Writes <out>/decode_step_<tag>.{csv,md}, <out>/generate_<tag>.{csv,md} and <out>/decode_speedup_<tag>.{png,svg}.
 The pipeline's bench_decode rule runs the same code with a profile's `benchmark.decode` settings.
@@ -29,6 +31,10 @@ def main() -> None:
     parser.add_argument("--prompt-lengths", type=int, nargs="+", default=[4096, 8192, 16384])
     parser.add_argument("--generate-settings", nargs="+", default=["16:256:1", "16:256:2"])
     parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--adapter", default=None, help="a trained Focus adapter for generate() (default: k-means "
+                        "centroids of the prompt)")
+    parser.add_argument("--text", default=None, help="prompts from this corpus split, e.g. books:validation "
+                        "(default: random tokens)")
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--tag", default="cpu")
     args = parser.parse_args()
@@ -38,6 +44,7 @@ def main() -> None:
         "head_layouts": parse_settings(args.head_layouts, "query heads:key/value heads"),
         "head_dim": args.head_dim, "dtype": args.dtype, "repeats": args.repeats, "prompt_lengths": args.prompt_lengths,
         "generate_settings": parse_settings(args.generate_settings), "new_tokens": args.new_tokens,
+        "adapter": args.adapter, "text": args.text,
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -3,11 +3,13 @@ another domain and pass-key retrieval, with the N key/value heads Focus hurts mo
 
     .venv/bin/python benchmarks/forgetting_screen.py --adapter st=/work/runs/st300/adapter --dense 0 4 8
     .venv/bin/python benchmarks/forgetting_screen.py --adapter st=... --dense 6 --split test --tag test   # once
+    .venv/bin/python benchmarks/forgetting_screen.py --adapter d8kl=... --own-heads --append   # trained with heads
 
 Which heads: on pass-key prompts built from the books TRAIN split (never the scored text), `--select retrieval` (the
 default) ranks key/value heads by the attention mass the prompt's last 8 queries put on the needle in the pretrained
 model (`heads_by_needle_attention`: retrieval heads); `--select lost` by the share of their attention mass that the
-hard pattern drops (`heads_by_lost_attention`). The N first are kept dense. Scored on `--split` (validation chooses; test reports once): books and WikiText-2 perplexity (context
+hard pattern drops (`heads_by_lost_attention`). The N first are kept dense; `--own-heads` keeps those an adapter
+was trained with. Scored on `--split` (validation chooses; test reports once): books and WikiText-2 perplexity (context
 512, each ratio to pretrained with its paired 95% interval over windows), pass-key trials at each length on books
 filler of that split (greedy answer correct, and the key's mean log-probability), and the share of distant pairs the
 hard pattern keeps (dense heads keep all theirs) on 8 rows of 512 tokens. Writes <out>/forgetting_screen_<tag>.{csv,md}.
@@ -23,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from focus import load_focus, remove_focus, set_focus_mode
+from focus import focus_config, load_focus, remove_focus, set_focus_mode
 from focus.artifacts import markdown_table
 from focus.data import chunk_tokens, load_corpus, tokenize_corpus
 from focus.eval.diagnostics import distant_attention_recall, heads_by_lost_attention, heads_by_needle_attention
@@ -51,6 +53,9 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--tag", default="validation")
     parser.add_argument("--base-cache", default=None, help="a file keeping the pretrained model's scores between runs")
+    parser.add_argument("--own-heads", action="store_true",
+                        help="score each adapter with the dense heads it was trained with (no --dense, no choosing)")
+    parser.add_argument("--append", action="store_true", help="keep the rows already in the table (not the pretrained one)")
     args = parser.parse_args()
 
     model, tokenizer = load_model(PACKAGED_SMOLLM2, getattr(torch, args.dtype))
@@ -86,21 +91,30 @@ def main() -> None:
         if cache is not None:
             torch.save(base, cache)
     rows = [_row("pretrained", 0, base, base, None, [], "")]
+    earlier = Path(args.out) / f"forgetting_screen_{args.tag}.csv"
+    if args.append and earlier.exists():
+        kept = pd.read_csv(earlier, keep_default_na=False)
+        rows += [row for row in kept.to_dict("records") if row["adapter"] != "pretrained"]
     print(rows[-1])
     for spec in args.adapter:
         name, folder = spec.split("=", 1)
         load_focus(model, folder)
-        set_focus_mode(model, "hard", dense_heads=[])
-        with torch.no_grad():
-            ranking = (heads_by_needle_attention(model, select_rows, spans) if args.select == "retrieval"
-                       else heads_by_lost_attention(model, select_rows))
-        print("heads, most first:", ranking[:12])
-        for count in args.dense:
-            heads = [head for head, _ in ranking[:count]]
+        if args.own_heads:
+            trained = list(focus_config(model).dense_heads)
+            choices = [(len(trained), trained, "trained")]
+        else:
+            set_focus_mode(model, "hard", dense_heads=[])
+            with torch.no_grad():
+                ranking = (heads_by_needle_attention(model, select_rows, spans) if args.select == "retrieval"
+                           else heads_by_lost_attention(model, select_rows))
+            print("heads, most first:", ranking[:12])
+            choices = [(count, [head for head, _ in ranking[:count]], args.select if count else "")
+                       for count in args.dense]
+        for count, heads, select in choices:
             set_focus_mode(model, "hard", dense_heads=heads)
             with torch.no_grad():
                 kept = distant_attention_recall(model, kept_rows)["kept"]
-                rows.append(_row(name, count, score(), base, kept, heads, args.select if count else ""))
+                rows.append(_row(name, count, score(), base, kept, heads, select))
             print(rows[-1])
             _write(rows, args)  # after every row: a stopped screen keeps what it measured
         remove_focus(model)

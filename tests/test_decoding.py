@@ -1,6 +1,7 @@
 """Sparse decoding through the cache's group index against the dense reference."""
 
 import contextlib
+import itertools
 import math
 import os
 
@@ -64,9 +65,17 @@ def decode(layer, q, key, v, mask, prompt: int, chunk: int = 1):
     return torch.cat(rows[1:], dim=2), index
 
 
+@pytest.fixture(params=["sparse", "masked"])
+def step(request, monkeypatch):
+    """Which decoding step runs: through the group lists ("sparse") or under the hard mask ("masked"), whatever the
+    cost model would choose at these lengths."""
+    monkeypatch.setattr(focus.attention.function, "sparse_step_pays", lambda *args: request.param == "sparse")
+    return request.param
+
+
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
 @pytest.mark.parametrize("chunk", [1, 5])
-def test_decoding_through_the_index_matches_the_dense_reference(case, chunk):
+def test_decoding_through_the_index_matches_the_dense_reference(case, chunk, step):
     heads, kv_heads, top_k, window, sinks, pads, route_queries, *dense = case
     config = FocusConfig(num_groups=4, top_k=top_k, window=window, sink_tokens=sinks, mode="hard",
                          route_queries=route_queries, dense_heads=dense[0] if dense else [])
@@ -77,12 +86,12 @@ def test_decoding_through_the_index_matches_the_dense_reference(case, chunk):
         steps, index = decode(layer, q, key, v, mask, prompt=12, chunk=chunk)
         expected = reference_with_dense_heads(layer, q, key, v, mask, scaling=0.4)[:, :, 12:]
     torch.testing.assert_close(steps, expected, atol=2e-5, rtol=1e-4)
-    one_token_steps = 0 if window >= 41 else (41 - 12 if chunk == 1 else 0)
+    one_token_steps = 0 if window >= 41 or step == "masked" else (41 - 12 if chunk == 1 else 0)
     assert calls[0] == one_token_steps  # the sparse step ran where it applies, the dense path elsewhere
 
 
 @pytest.mark.parametrize("top_k", [1, 2])
-def test_bfloat16_decoding_error_within_twice_the_reference_error(top_k):
+def test_bfloat16_decoding_error_within_twice_the_reference_error(top_k, step):
     config = FocusConfig(num_groups=4, top_k=top_k, window=5, sink_tokens=1, mode="hard", route_queries="query")
     layer = make_layer(config, 2, 16)
     q, key, v, mask = make_inputs(2, 6, 2, 48, 16, pads=(0, 7))
@@ -91,7 +100,7 @@ def test_bfloat16_decoding_error_within_twice_the_reference_error(top_k):
         exact = reference_attention(layer, q, key, v, mask, scaling=0.4)[:, :, 12:]
         steps = decode(layer, *low, mask, prompt=12)[0].float()
         ref = reference_attention(layer, *low, mask, scaling=0.4)[:, :, 12:].float()
-    assert calls[0] == 48 - 12
+    assert calls[0] == (48 - 12 if step == "sparse" else 0)
     fast_err, ref_err = (steps - exact).abs().max(), (ref - exact).abs().max()
     assert fast_err <= 2 * ref_err + 1e-3, (fast_err, ref_err)
 
@@ -184,8 +193,9 @@ def test_an_index_behind_its_cache_is_refused():
 
 
 @pytest.mark.slow
-def test_generate_through_a_focus_cache_on_smollm2_is_the_dense_pattern(smollm2):
-    """Greedy generate() through a FocusCache (sparse steps) after a prompt, batch 2 with one row left-padded,
+def test_generate_through_a_focus_cache_on_smollm2_is_the_dense_pattern(smollm2, monkeypatch):
+    """Greedy generate() through a FocusCache after a prompt, batch 2 with one row left-padded, its layers taking the
+    sparse and the masked decoding step in turn (whatever the cost model would choose at this length),
     against one full-sequence forward of what it generated (whole-sequence hard Focus, exact against the dense
     reference): the same tokens, and the same logits where no routing decision sits on a float32 tie.
 
@@ -205,6 +215,8 @@ def test_generate_through_a_focus_cache_on_smollm2_is_the_dense_pattern(smollm2)
     mask[1, :pad] = 0
     calibration = text[None, 9000:9512]
     apply_focus(model, FocusConfig(num_groups=16, window=64, top_k=2, mode="hard"), calibration_ids=calibration)
+    turns = itertools.cycle([True, False])
+    monkeypatch.setattr(focus.attention.function, "sparse_step_pays", lambda *args: next(turns))
     try:
         with torch.no_grad(), counting_sparse_steps() as calls:
             out = model.generate(input_ids=ids, attention_mask=mask, past_key_values=FocusCache(model),
@@ -217,7 +229,7 @@ def test_generate_through_a_focus_cache_on_smollm2_is_the_dense_pattern(smollm2)
                               logits_to_keep=new).logits
     finally:
         remove_focus(model)
-    assert steps == (new - 1) * model.config.num_hidden_layers  # every decoding step of every layer went sparse
+    assert steps == (new - 1) * model.config.num_hidden_layers // 2  # half of the steps went sparse
     generated = torch.stack(out.logits, dim=1)  # (2, new, V)
     expected = reference.float()  # the logits that chose each generated token
     assert torch.equal(out.sequences[:, prompt:], expected.argmax(dim=-1))
@@ -249,3 +261,26 @@ def test_cache_rows_are_addressed_in_place_when_the_cache_is_a_prefix_and_copied
         for b, k, p in [(0, 0, 0), (1, 2, cache.shape[2] - 1), (1, 0, 4)]:
             assert torch.equal(rows[(b * 3 + k) * span + p], cache[b, k, p])
         assert (rows.data_ptr() != buffer.data_ptr()) == copied
+
+
+def test_generate_rows_time_a_trained_adapter_on_real_prompts(smollm2, tmp_path):
+    """The generate() benchmark with an adapter (its groups, the setting's window and top-k) and prompts cut from given
+    text: both models timed, the balance of the groups the cache indexed, Focus removed afterwards."""
+    from focus import apply_focus, has_focus, remove_focus, save_focus
+    from focus.eval.decode_speed import generate_rows
+
+    model, tokenizer = smollm2
+    text = tokenizer("It was a bright cold day in April, and the clocks were striking thirteen. " * 40,
+                     return_tensors="pt").input_ids
+    apply_focus(model, FocusConfig(num_groups=4, window=8, top_k=2, mode="hard"), calibration_ids=text[:, :64])
+    save_focus(model, tmp_path / "adapter")
+    remove_focus(model)
+    rows = generate_rows(model, [96], [(16, 16, 1)], new_tokens=2, progress=lambda _: None,
+                         adapter=str(tmp_path / "adapter"), prompt_ids=text)
+    assert not has_focus(model)
+    (row,) = rows
+    assert (row["groups"], row["window"], row["top_k"]) == (4, 16, 1)  # the adapter's groups, the setting's rest
+    assert row["adapter"].endswith("adapter") and row["group_balance"] >= 1.0
+    assert row["prefill_speedup"] == pytest.approx(row["unmodified_prefill_s"] / row["focus_prefill_s"])
+    with pytest.raises(ValueError, match="needs 4000 tokens"):
+        generate_rows(model, [4000], [(16, 16, 1)], new_tokens=1, prompt_ids=text[:, :100])

@@ -30,6 +30,9 @@ CACHE_INDEX_ATTRIBUTE = "focus_cache_index"
 """A `GroupIndex` set under this name on a Focus attention module by `FocusCache.update`, taken by the next call."""
 
 
+BIT_GROUPS = 62
+"""Up to this many groups, the index keeps each key's groups as the bits of one int64 (`GroupIndex.key_bits`)."""
+
 PAGE = 64
 """Positions per page of a group's member list. Each list grows a page at a time from a pool that every list of
 the layer shares, so the index costs its entries plus under a page per list, however unbalanced the groups: lists
@@ -60,13 +63,18 @@ class GroupIndex:
         self.scratch = scratch or ScratchRows()  # where a step gathers its distant keys (one per cache, shared)
         group_dtype = torch.int8 if num_groups <= 127 else torch.int16  # a byte per group id where it fits
         self.key_groups = torch.full((batch, k_heads, 0, top_k), -1, dtype=group_dtype, device=device)
-        self.counts = torch.zeros(batch, k_heads, num_groups, dtype=torch.int64, device=device)
+        self._counts = torch.zeros(batch, k_heads, num_groups, dtype=torch.int64, device=device)
         self.pages = torch.full((1, PAGE), -1, dtype=torch.int32, device=device)
         self.used_pages = 1
         self.page_table = torch.zeros(batch, k_heads, num_groups, 0, dtype=torch.int32, device=device)
         self.sinks = torch.full((batch, sink_tokens), -1, dtype=torch.int64, device=device)
         self._real = torch.zeros(batch, dtype=torch.int64, device=device)  # real keys seen per row
         self._query_head_rows: torch.Tensor | None = None
+        # Each key's groups as bits (bit g for group g; 0 for padding) where they fit: a masked step's mask is one
+        # AND per key. The group lists are brought up to date only when a sparse step reads them (`listed`).
+        self.key_bits = (torch.zeros(batch, k_heads, 0, dtype=torch.int64, device=device)
+                         if num_groups <= BIT_GROUPS else None)
+        self.listed = 0
 
     def extend(self, groups: torch.Tensor, valid: torch.Tensor | None) -> None:
         """Index the next keys: `groups` (B, K, n, top_k) their group ids, `valid` (B, n) False for padding."""
@@ -76,14 +84,10 @@ class GroupIndex:
         self.key_groups = _reserve(self.key_groups, 2, start + n)
         groups_or_padding = groups.masked_fill(~valid[:, None, :, None], -1)
         self.key_groups[:, :, start : start + n] = groups_or_padding.to(self.key_groups.dtype)
-
-        member = group_membership(groups, self.num_groups) & valid[:, None, :, None]  # (B, K, n, G)
-        slots = self.counts[:, :, None, :] + member.long().cumsum(dim=2) - 1  # (B, K, n, G) where each one lands
-        before, self.counts = self.counts, self.counts + member.sum(dim=2)
-        self._add_pages(_pages_for(before), _pages_for(self.counts))
-        bi, ki, ni, gi = member.nonzero(as_tuple=True)
-        slot = slots[bi, ki, ni, gi]
-        self.pages[self.page_table[bi, ki, gi, slot // PAGE].long(), slot % PAGE] = (start + ni).to(torch.int32)
+        if self.key_bits is not None:
+            self.key_bits = _reserve(self.key_bits, 2, start + n, fill=0)
+            bits = (1 << groups).sum(dim=-1) if self.top_k > 1 else 1 << groups[..., 0]  # distinct groups: sum = OR
+            self.key_bits[:, :, start : start + n] = bits * valid[:, None, :]
 
         order = self._real[:, None] + valid.long().cumsum(dim=1)  # (B, n): 1-based rank among the row's real keys
         is_sink = valid & (order <= self.sinks.shape[1])
@@ -91,6 +95,28 @@ class GroupIndex:
         self.sinks[rows, order[rows, cols] - 1] = start + cols
         self._real += valid.sum(dim=1)
         self.length = start + n
+
+    @property
+    def counts(self) -> torch.Tensor:
+        """(B, K, G) how many keys each group lists (every indexed key listed)."""
+        self.catch_up()
+        return self._counts
+
+    def catch_up(self) -> None:
+        """List the keys indexed since the last sparse read in their groups' lists: a step that attends through the
+        mask never pays for them, and a step that reads the lists lists many keys in one go."""
+        start, n = self.listed, self.length - self.listed
+        if n == 0:
+            return
+        groups = self.key_groups[:, :, start : self.length].long()  # (B, K, n, top_k), -1 for padding
+        member = group_membership(groups.clamp_min(0), self.num_groups) & (groups[..., :1] >= 0)  # (B, K, n, G)
+        slots = self._counts[:, :, None, :] + member.long().cumsum(dim=2) - 1  # (B, K, n, G) where each one lands
+        before, self._counts = self._counts, self._counts + member.sum(dim=2)
+        self._add_pages(_pages_for(before), _pages_for(self._counts))
+        bi, ki, ni, gi = member.nonzero(as_tuple=True)
+        slot = slots[bi, ki, ni, gi]
+        self.pages[self.page_table[bi, ki, gi, slot // PAGE].long(), slot % PAGE] = (start + ni).to(torch.int32)
+        self.listed = self.length
 
     def _add_pages(self, have: torch.Tensor, need: torch.Tensor) -> None:
         """Give every list (B, K, G) `need` pages where it has `have`: fresh pages from the pool, in order."""
@@ -111,6 +137,7 @@ class GroupIndex:
     def members(self, lists: torch.Tensor, width: int) -> torch.Tensor:
         """(N, width) int64 the first `width` positions listed by each of the N lists `lists`, flat ids into
         (B, K, G); -1 past a list's count."""
+        self.catch_up()
         if width == 0:
             return torch.empty(lists.numel(), 0, dtype=torch.int64, device=lists.device)
         table = self.page_table.view(-1, self.page_table.shape[-1])[:, : -(-width // PAGE)].index_select(0, lists)
@@ -121,8 +148,8 @@ class GroupIndex:
         """(B, heads) the row of (B * K) key/value heads that each query head reads (grouped-query: K divides heads)."""
         rows = self._query_head_rows
         if rows is None or rows.shape[1] != heads:
-            b, k_heads = self.counts.shape[:2]
-            device = self.counts.device
+            b, k_heads = self._counts.shape[:2]
+            device = self._counts.device
             batch_rows = torch.arange(b, device=device)[:, None] * k_heads
             rows = self._query_head_rows = batch_rows + torch.arange(heads, device=device) // (heads // k_heads)
         return rows
@@ -142,15 +169,18 @@ class GroupIndex:
         """Keep the first `length` keys (the cache was cropped or reset): the index rebuilt from their groups."""
         kept = self.key_groups[:, :, :length].long()
         valid = (kept[:, 0, :, 0] >= 0) if length else None
-        b, k_heads = self.counts.shape[:2]
-        self.__init__(b, k_heads, self.num_groups, self.top_k, self.sinks.shape[1], self.counts.device, self.scratch)
+        b, k_heads = self._counts.shape[:2]
+        self.__init__(b, k_heads, self.num_groups, self.top_k, self.sinks.shape[1], self._counts.device, self.scratch)
         if length:
             self.extend(kept.clamp_min(0), valid)
 
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep batch rows `rows` (beam search reordering, batch selection or repetition)."""
-        for name in ("key_groups", "page_table", "counts", "sinks", "_real"):
-            setattr(self, name, getattr(self, name).index_select(0, rows.to(self.counts.device)))
+        self.catch_up()
+        names = ("key_groups", "page_table", "_counts", "sinks", "_real") + (("key_bits",) if self.key_bits is not None
+                                                                            else ())
+        for name in names:
+            setattr(self, name, getattr(self, name).index_select(0, rows.to(self._counts.device)))
         # A row kept twice must not share its pages with its copy (each grows on its own): every row gets fresh
         # copies of its pages, and pages of rows let go return to the pool.
         table = self.page_table.view(-1)
@@ -162,7 +192,8 @@ class GroupIndex:
 
     def nbytes(self) -> int:
         """Bytes the index holds (allocated, growth headroom included)."""
-        tensors = (self.key_groups, self.pages, self.page_table, self.counts, self.sinks, self._real)
+        tensors = (self.key_groups, self.pages, self.page_table, self._counts, self.sinks, self._real)
+        tensors += () if self.key_bits is None else (self.key_bits,)
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
@@ -254,6 +285,63 @@ def index_new_keys(
                                "a FocusCache must see every key from the first")
         index.truncate(past)  # the cache was cropped
     index.extend(cache_key_groups(module, key_vectors), valid)
+
+
+SPARSE_STEP_MIN_KEYS = 16384
+"""Below this many cached keys a decoding step attends under the hard mask (`masked_decode_attention`): reading
+through the group lists pays only once the keys it skips outweigh its fixed cost (calibrated in docs/decoding.md)."""
+
+SPARSE_KEY_COST = 3.0
+"""A key a sparse step reads (gathered, scored by a small GEMM, its value summed by a bag) costs about this many keys
+that a masked step reads in place (measured on a CPU, docs/decoding.md)."""
+
+
+def sparse_step_pays(num_groups: int, top_k: int, heads: int, k_heads: int, length: int) -> bool:
+    """Whether a decoding step over `length` cached keys should read its groups' keys through the lists (sparse)
+    rather than every key under the hard mask (masked; the same output). With per-query-head routing the `heads`
+    query heads of `k_heads` key/value heads read their groups' keys separately: about heads * top_k / num_groups
+    of the cache's keys (balanced groups), against k_heads for the masked step."""
+    return length >= SPARSE_STEP_MIN_KEYS and SPARSE_KEY_COST * heads * top_k / num_groups < k_heads
+
+
+def masked_decode_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    index: GroupIndex,
+    query_groups: torch.Tensor,
+    window: int,
+    base_mask: torch.Tensor | None,
+    scaling: float | None,
+    dense: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Hard Focus for one query token per row over a cache of L keys, every key read in place under the hard mask:
+    one AND of group bits per key (`GroupIndex.key_bits`), then the fused attention kernel. No gathers and no list
+    upkeep: at the lengths models run, cheaper than reading fewer keys through the lists.
+
+    Args:
+        query: (B, H, 1, D); key, value: (B, K, L, D), the cache with the query's own key last.
+        query_groups: (B, H, top_k) int64, the groups of each query head.
+        base_mask: (B, 1, 1, L) bool, the model's mask of this step, or None.
+        dense: (K,) bool, key/value heads that attend as the model does, or None.
+    Returns:
+        (B, H, 1, D).
+    """
+    b, h, _, d = query.shape
+    k_heads, length = key.shape[1], key.shape[2]
+    query_bits = (1 << query_groups).sum(dim=-1)  # (B, H): distinct groups, so the sum is the OR
+    allowed = (index.key_bits[:, :, None, :length] & query_bits.view(b, k_heads, h // k_heads, 1)) != 0  # B,K,R,L
+    allowed[..., max(length - window, 0) :] = True
+    if index.sinks.shape[1]:  # a real key is a sink exactly when its position is at most the last sink's
+        allowed |= torch.arange(length, device=key.device) <= index.sink_last[:, None, None, None]
+    if dense is not None:
+        allowed[:, dense] = True
+    if base_mask is not None:
+        allowed &= base_mask.view(b, 1, 1, length)
+    # The R query heads of a key/value head as R queries of it: keys and values are read once, not copied per head.
+    out = F.scaled_dot_product_attention(query.view(b, k_heads, h // k_heads, d), key, value, attn_mask=allowed,
+                                         scale=scaling)
+    return out.view(b, h, 1, d)
 
 
 def sparse_decode_attention(

@@ -14,7 +14,14 @@ import torch
 from torch import nn
 from torch.profiler import record_function
 
-from focus.attention.decoding import GroupIndex, index_new_keys, sparse_decode_attention, take_cache_index
+from focus.attention.decoding import (
+    GroupIndex,
+    index_new_keys,
+    masked_decode_attention,
+    sparse_decode_attention,
+    sparse_step_pays,
+    take_cache_index,
+)
 from focus.attention.decomposed import decomposed_hard_attention
 from focus.attention.fast_path import current_fast_path
 from focus.attention.recall import LOSSES_ATTRIBUTE, recall_loss
@@ -112,8 +119,7 @@ def _attend(module, query, key, value, attention_mask, scaling, dropout, softcap
     if config.window >= k_len and trace is None:
         return call.unmodified()  # every pair the model allows is local: Focus is the model's own attention
     if index is not None and q_len == 1 and config.mode == "hard" and trace is None and call.fast_path_applies():
-        with record_function("focus/sparse_step"):
-            return _sparse_step(module, call, index, positions)
+        return _decoding_step(module, call, index, positions)
     key_vectors = routing_vectors(module, key if config.route_on == "key" else value, positions)
     if trace is not None:
         trace.append(layer_routing_logits(module, key_vectors))
@@ -174,19 +180,27 @@ def _hard_attention(
     return sdpa_grouped(call.query, call.key, call.value, allowed, None, call.scaling, call.dropout)
 
 
-def _sparse_step(module: nn.Module, call: AttentionCall, index: GroupIndex, positions: torch.Tensor) -> torch.Tensor:
-    """One decoding step (a query token per row) read through the cache's group index: (B, H, 1, D)."""
+def _decoding_step(module: nn.Module, call: AttentionCall, index: GroupIndex, positions: torch.Tensor) -> torch.Tensor:
+    """One decoding step (a query token per row) with the cache's group index: (B, H, 1, D). Under the hard mask over
+    every cached key, or through the group lists where that pays (`sparse_step_pays`): the same output."""
     config: FocusConfig = module.focus_config
     query, key = call.query, call.key
-    k_heads, k_len = key.shape[1], key.shape[2]
+    heads, k_heads, k_len = query.shape[1], key.shape[1], key.shape[2]
     if config.route_queries == "query":
         query_groups = step_query_groups(module, query, positions[:, -1:], k_heads)
     else:  # the groups of the query's own key, the last one indexed
-        query_groups = index.key_groups[:, :, index.length - 1].long().repeat_interleave(query.shape[1] // k_heads, 1)
+        query_groups = index.key_groups[:, :, index.length - 1].long().repeat_interleave(heads // k_heads, 1)
+    dense = dense_heads(module, k_heads, key.device)
+    if index.key_bits is not None and not sparse_step_pays(config.num_groups, config.top_k, heads, k_heads, k_len):
+        with record_function("focus/masked_step"):
+            base_mask = None if call.base_mask is None else call.base_mask[:, :, -1:]
+            return masked_decode_attention(query, key, call.value, index, query_groups, config.window, base_mask,
+                                           call.scaling, dense)
     window_valid = None if call.base_mask is None else call.base_mask[:, 0, -1, max(k_len - config.window, 0) :]
-    out = sparse_decode_attention(query, key, call.value, index, query_groups, config.window, window_valid,
-                                  call.scaling)
-    return _with_dense_heads(out, call, dense_heads(module, k_heads, key.device))
+    with record_function("focus/sparse_step"):
+        out = sparse_decode_attention(query, key, call.value, index, query_groups, config.window, window_valid,
+                                      call.scaling)
+    return _with_dense_heads(out, call, dense)
 
 
 def _with_dense_heads(out: torch.Tensor, call: AttentionCall, dense: torch.Tensor | None) -> torch.Tensor:

@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from focus.attention.decoding import FocusCache, GroupIndex, sparse_decode_attention
+from focus.attention.decoding import FocusCache, GroupIndex, masked_decode_attention, sparse_decode_attention
 from focus.eval.speed import balanced_groups, interleaved_seconds
 
 
@@ -31,7 +31,8 @@ def decode_step_rows(
     progress: Callable[[str], None] = print,
 ) -> list[dict]:
     """One row per (cache length, (groups, window, top_k), (query heads, key/value heads)): the median seconds of one
-    decoding step, full SDPA over the cache against the sparse step (taking turns), their ratio, the pair-count limit
+    decoding step, full SDPA over the cache against the sparse step and the masked step (taking turns), their ratios,
+    the pair-count limit
     (cached keys over keys a query head reads), the read limit (key/value rows each side reads) and the index's size
     against the cache's. Groups are random and balanced, as trained groups are in expectation."""
     device = torch.device(device)
@@ -44,15 +45,18 @@ def decode_step_rows(
             index = GroupIndex(1, k_heads, num_groups, top_k, sink_tokens, device)
             index.extend(balanced_groups(length, num_groups, top_k, k_heads).to(device), None)
             query_groups = balanced_groups(1, num_groups, top_k, heads, seed=1)[:, :, 0].to(device)  # (1, H, top_k)
-            full_s, focus_s = interleaved_seconds([
+            full_s, focus_s, masked_s = interleaved_seconds([
                 lambda: F.scaled_dot_product_attention(q, key, value, enable_gqa=True),
                 lambda: sparse_decode_attention(q, key, value, index, query_groups, window, None, None),
+                lambda: masked_decode_attention(q, key, value, index, query_groups, window, None, None),
             ], repeats, device)
             read = keys_read(index, query_groups, window, length)
             row = {
                 "cache": length, "heads": heads, "kv_heads": k_heads, "head_dim": head_dim,
                 "dtype": str(dtype).removeprefix("torch."), "groups": num_groups, "window": window, "top_k": top_k,
-                "full_s": full_s, "focus_s": focus_s, "speedup": full_s / focus_s, "pair_limit": length / read,
+                "full_s": full_s, "focus_s": focus_s, "speedup": full_s / focus_s,
+                # The same step under the hard mask over every key (what FocusCache runs where lists do not pay).
+                "masked_s": masked_s, "masked_speedup": full_s / masked_s, "pair_limit": length / read,
                 # Full attention reads each key/value head's rows once for its query heads; the sparse step reads
                 # each query head's own rows: with grouped-query attention, the bound the bytes set.
                 "read_limit": k_heads * length / (heads * read),
@@ -93,23 +97,36 @@ def generate_rows(
     focus_settings: list[tuple[int, int, int]],
     new_tokens: int = 32,
     progress: Callable[[str], None] = print,
+    adapter: str | None = None,
+    prompt_ids: torch.Tensor | None = None,
 ) -> list[dict]:
-    """Greedy decoding of `new_tokens` after a random-token prompt, per (groups, window, top_k): Focus hard through a
+    """Greedy decoding of `new_tokens` after a prompt, per (groups, window, top_k): Focus hard through a
     FocusCache against the unmodified model through a GrowingCache (the same in-place cache without Focus: the ratio
     is what Focus saves) and through transformers' DynamicCache (what a user has by default; it copies the whole
-    cache at every step). Prefill is timed apart; tokens per second count decoding alone. Focus is applied with
-    k-means centroids of the prompt's first tokens (speed does not depend on training) and removed afterwards."""
+    cache at every step). Prefill is timed apart; tokens per second count decoding alone.
+
+    Focus is a trained `adapter` (its groups; window and top-k as the setting asks) or, without one, k-means
+    centroids of the prompt's first tokens; removed afterwards. Prompts are the first tokens of `prompt_ids` (1, N),
+    or random tokens. Trained groups are less balanced than k-means groups of random tokens, and a step reads its
+    groups' keys: each row reports the balance the index saw (`group_balance`: largest over mean group, median over
+    layers and key/value heads)."""
     from transformers import DynamicCache
 
+    from focus.adapter import load_focus
     from focus.attention.growing_cache import GrowingCache
     from focus.config import FocusConfig
-    from focus.retrofit import apply_focus, remove_focus
+    from focus.retrofit import apply_focus, focus_config, remove_focus, set_focus_mode
 
     device = next(model.parameters()).device
     limit = getattr(model.config.get_text_config(), "max_position_embeddings", None)
     rows = []
     for length in prompt_lengths:
-        ids = torch.randint(0, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(length))
+        if prompt_ids is None:
+            ids = torch.randint(0, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(length))
+        else:
+            if prompt_ids.shape[1] < length:
+                raise ValueError(f"a {length}-token prompt needs {length} tokens of text; {prompt_ids.shape[1]} given")
+            ids = prompt_ids[:, :length]
         ids = ids.to(device)
         dynamic = DynamicCache(config=model.config)
         base_prefill, logits = _prefill(model, ids, dynamic)
@@ -121,8 +138,13 @@ def generate_rows(
         short = GrowingCache(config=model.config)
         short_decode = _decode_seconds(model, _prefill(model, ids[:, :16], short)[1], new_tokens, short)
         for num_groups, window, top_k in focus_settings:
-            config = FocusConfig(num_groups=num_groups, window=window, top_k=top_k, mode="hard")
-            apply_focus(model, config, calibration_ids=ids[:, :512])  # the prompt's own tokens: no warning
+            if adapter is not None:
+                load_focus(model, adapter)
+                set_focus_mode(model, "hard", window=window, top_k=top_k)
+                num_groups = focus_config(model).num_groups
+            else:
+                config = FocusConfig(num_groups=num_groups, window=window, top_k=top_k, mode="hard")
+                apply_focus(model, config, calibration_ids=ids[:, :512])  # the prompt's own tokens: no warning
             try:
                 cache = FocusCache(model)
                 focus_prefill, focus_logits = _prefill(model, ids, cache)
@@ -130,6 +152,7 @@ def generate_rows(
                 share = cache.index_nbytes() / sum(
                     layer.keys.numel() * layer.keys.element_size() * 2 for layer in cache.layers if layer.is_initialized
                 )
+                balance = group_balance(cache)
             finally:
                 remove_focus(model)
             row = {
@@ -141,7 +164,9 @@ def generate_rows(
                 "speedup_over_dynamic_cache": dynamic_decode / focus_decode,
                 # The unmodified step's time beyond a 16-token prompt's is (about) its attention over the cache.
                 "attention_share": max(0.0, 1 - short_decode / base_decode),
-                "unmodified_prefill_s": base_prefill, "focus_prefill_s": focus_prefill, "index_share": share,
+                "unmodified_prefill_s": base_prefill, "focus_prefill_s": focus_prefill,
+                "prefill_speedup": base_prefill / focus_prefill, "index_share": share,
+                "adapter": "" if adapter is None else str(adapter), "group_balance": balance,
             }
             rows.append(row)
             progress(f"prompt={length:>6} G={num_groups} w={window} k={top_k}: unmodified "
@@ -149,6 +174,14 @@ def generate_rows(
                      f"DynamicCache), focus {row['focus_tok_s']:.1f} tok/s -> {row['decode_speedup']:.2f}x "
                      f"(attention {row['attention_share']:.0%} of the unmodified step)")
     return rows
+
+
+def group_balance(cache: FocusCache) -> float:
+    """Largest group over the mean group of the keys a FocusCache indexed, median over layers and key/value heads
+    (1.0: balanced)."""
+    counts = [index.counts.double() for index in cache.indexes.values()]  # (B, K, G) each
+    ratios = [(c.amax(dim=-1) / c.mean(dim=-1).clamp_min(1e-9)).flatten() for c in counts]
+    return float(torch.cat(ratios).median()) if ratios else float("nan")
 
 
 def _prefill(model, ids: torch.Tensor, cache) -> tuple[float, torch.Tensor]:

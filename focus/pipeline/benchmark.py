@@ -8,6 +8,7 @@ import pandas as pd
 import torch
 
 from focus.artifacts import markdown_table, pyplot, save_figure, token_axis
+from focus.data import load_corpus, tokenize_corpus
 from focus.eval.decode_speed import decode_step_rows, generate_rows
 from focus.eval.speed import attention_rows, prefill_rows
 from focus.files import write_text
@@ -58,10 +59,16 @@ def run_decode_benchmark(
     )
     generated = []
     if model_source:
-        model, _ = load_model(model_source, dtype, device)
+        model, tokenizer = load_model(model_source, dtype, device)
+        prompt_ids = None
+        if settings.get("text"):  # real text, e.g. "books:validation", instead of random tokens
+            corpus, split = settings["text"].split(":")
+            needed = max(settings.get("prompt_lengths", [4096]))
+            prompt_ids = tokenize_corpus(load_corpus(corpus, split)[: 8 * needed], tokenizer)[None]
         generated = generate_rows(model, settings.get("prompt_lengths", [4096]),
                                   [tuple(s) for s in settings.get("generate_settings", [[16, 256, 1]])],
-                                  settings.get("new_tokens", 32))
+                                  settings.get("new_tokens", 32), adapter=settings.get("adapter"),
+                                  prompt_ids=prompt_ids)
     machine = _measured_on(device, dtype)
     write_speed_tables(steps, generated, step_csv, generate_csv, machine)
     plot_decode_speedup(step_csv, figure, machine)
