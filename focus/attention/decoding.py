@@ -68,7 +68,8 @@ class GroupIndex:
         self.used_pages = 1
         self.page_table = torch.zeros(batch, k_heads, num_groups, 0, dtype=torch.int32, device=device)
         self.sinks = torch.full((batch, sink_tokens), -1, dtype=torch.int64, device=device)
-        self._real = torch.zeros(batch, dtype=torch.int64, device=device)  # real keys seen per row
+        self._real = torch.zeros(batch, dtype=torch.int64, device=device)  # real keys seen per row (until sinks found)
+        self._sinks_found = sink_tokens == 0
         self._query_head_rows: torch.Tensor | None = None
         # Each key's groups as bits (bit g for group g; 0 for padding) where they fit: a masked step's mask is one
         # AND per key. The group lists are brought up to date only when a sparse step reads them (`listed`).
@@ -89,11 +90,13 @@ class GroupIndex:
             bits = (1 << groups).sum(dim=-1) if self.top_k > 1 else 1 << groups[..., 0]  # distinct groups: sum = OR
             self.key_bits[:, :, start : start + n] = bits * valid[:, None, :]
 
-        order = self._real[:, None] + valid.long().cumsum(dim=1)  # (B, n): 1-based rank among the row's real keys
-        is_sink = valid & (order <= self.sinks.shape[1])
-        rows, cols = is_sink.nonzero(as_tuple=True)
-        self.sinks[rows, order[rows, cols] - 1] = start + cols
-        self._real += valid.sum(dim=1)
+        if not self._sinks_found:  # once every row has its sinks, later keys never are one: skip the bookkeeping
+            order = self._real[:, None] + valid.long().cumsum(dim=1)  # (B, n): 1-based rank among the row's real keys
+            is_sink = valid & (order <= self.sinks.shape[1])
+            rows, cols = is_sink.nonzero(as_tuple=True)
+            self.sinks[rows, order[rows, cols] - 1] = start + cols
+            self._real += valid.sum(dim=1)
+            self._sinks_found = bool((self._real >= self.sinks.shape[1]).all())
         self.length = start + n
 
     @property
@@ -177,8 +180,9 @@ class GroupIndex:
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep batch rows `rows` (beam search reordering, batch selection or repetition)."""
         self.catch_up()
-        names = ("key_groups", "page_table", "_counts", "sinks", "_real") + (("key_bits",) if self.key_bits is not None
-                                                                            else ())
+        names = ["key_groups", "page_table", "_counts", "sinks", "_real"]
+        if self.key_bits is not None:
+            names.append("key_bits")
         for name in names:
             setattr(self, name, getattr(self, name).index_select(0, rows.to(self._counts.device)))
         # A row kept twice must not share its pages with its copy (each grows on its own): every row gets fresh
