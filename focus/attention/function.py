@@ -168,9 +168,7 @@ def _hard_attention(
     groups = top_k_groups(routed.key_log_assign, config.top_k) if index is None else index.groups(k_len).clamp_min(0)
     query_groups = top_k_groups(routed.query_log_assign, config.top_k) if config.route_queries == "query" else None
     if call.decomposable():
-        out = decomposed_hard_attention(call.query, call.key, call.value, groups, config.window, routed.valid,
-                                        routed.sinks, call.scaling, query_groups=query_groups)
-        return _with_dense_heads(out, call, routed.dense)
+        return _decomposed_with_dense_heads(config, call, routed, groups, query_groups)
     allowed = hard_allowed(
         groups[:, :, k_len - q_len :] if query_groups is None else query_groups, groups, config.num_groups,
         config.window, call.base_mask, routed.sinks, routed.dense,
@@ -203,9 +201,31 @@ def _decoding_step(module: nn.Module, call: AttentionCall, index: GroupIndex, po
     return _with_dense_heads(out, call, dense)
 
 
+def _decomposed_with_dense_heads(
+    config: FocusConfig, call: AttentionCall, routed: Routed, groups: torch.Tensor, query_groups: torch.Tensor | None
+) -> torch.Tensor:
+    """A whole sequence's hard Focus (B, H, L, D) by the decomposition, on the sparse heads only: the dense key/value
+    heads (`FocusConfig.dense_heads`) and their query heads take the model's own attention instead."""
+    dense = routed.dense
+    if dense is None:
+        return decomposed_hard_attention(call.query, call.key, call.value, groups, config.window, routed.valid,
+                                         routed.sinks, call.scaling, query_groups=query_groups)
+    r = call.query.shape[1] // call.key.shape[1]
+    sparse_kv = (~dense).nonzero().squeeze(1)
+    sparse_q = (sparse_kv[:, None] * r + torch.arange(r, device=dense.device)).flatten()
+    out = torch.empty_like(call.query)
+    if sparse_kv.numel():
+        out[:, sparse_q] = decomposed_hard_attention(
+            call.query[:, sparse_q], call.key[:, sparse_kv], call.value[:, sparse_kv], groups[:, sparse_kv],
+            config.window, routed.valid, routed.sinks, call.scaling,
+            query_groups=None if query_groups is None else query_groups[:, sparse_q],
+        )
+    return _with_dense_heads(out, call, dense)
+
+
 def _with_dense_heads(out: torch.Tensor, call: AttentionCall, dense: torch.Tensor | None) -> torch.Tensor:
     """`out` (B, H, Q, D) with the query heads of the dense key/value heads `dense` (K,) replaced by the model's own
-    attention (`FocusConfig.dense_heads`): the fast paths compute every head sparsely, then these are overwritten."""
+    attention (`FocusConfig.dense_heads`)."""
     if dense is None:
         return out
     r = call.query.shape[1] // call.key.shape[1]
