@@ -112,3 +112,29 @@ def test_spherical_kmeans_with_fewer_points_than_clusters():
     centroids = spherical_kmeans(torch.randn(3, 8), 5)
     assert centroids.shape == (5, 8) and torch.isfinite(centroids).all()
     assert not math.isnan(centroids.sum().item())
+
+
+@pytest.mark.parametrize("route_queries", ["query", "key"])
+@pytest.mark.parametrize("shared", [False, True])
+def test_one_pass_step_routing_equals_routing_keys_and_queries_apart(route_queries, shared):
+    """A decoding step routes its new key and its query heads in one call; the groups are those each gets alone, and
+    a change of the centroids or the balance bias is seen at the next step (the unit centroids are kept between
+    steps)."""
+    from test_attention import make_layer
+
+    from focus import FocusConfig
+    from focus.attention.routing import cache_key_groups, route_query_heads, step_groups
+
+    config = FocusConfig(num_groups=6, top_k=2, route_queries=route_queries, shared_centroids=shared)
+    layer = make_layer(config, 2, 8)
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(2):
+        query, key = torch.randn(3, 6, 1, 8, generator=gen), torch.randn(3, 2, 1, 8, generator=gen)
+        key_groups, query_groups = step_groups(layer, query, key, torch.tensor([[7]]))
+        assert torch.equal(key_groups, cache_key_groups(layer, key))
+        own = (top_k_groups(route_query_heads(layer, query, 2), 2)[:, :, 0] if route_queries == "query"
+               else key_groups[:, :, 0].repeat_interleave(3, dim=1))
+        assert torch.equal(query_groups, own)
+        with torch.no_grad():  # as an optimizer step or load_focus changes them
+            layer.focus_centroids.mul_(-1.0)
+            layer.focus_group_bias.add_(torch.randn(layer.focus_group_bias.shape, generator=gen))

@@ -24,7 +24,7 @@ from torch import nn
 from torch.profiler import record_function
 
 from focus.attention.growing_cache import GrowingCache
-from focus.attention.routing import cache_key_groups, group_membership
+from focus.attention.routing import group_membership
 
 CACHE_INDEX_ATTRIBUTE = "focus_cache_index"
 """A `GroupIndex` set under this name on a Focus attention module by `FocusCache.update`, taken by the next call."""
@@ -278,17 +278,15 @@ def take_cache_index(module: nn.Module) -> GroupIndex | None:
     return index
 
 
-def index_new_keys(
-    module: nn.Module, index: GroupIndex, key_vectors: torch.Tensor, past: int, valid: torch.Tensor | None
-) -> None:
-    """Bring `index` to the cache: route the keys after the first `past` (their routing vectors `key_vectors`,
-    (B, K, n, D)) causally, as inference routes, and index them; `valid` (B, n) or None."""
+def index_new_keys(index: GroupIndex, groups: torch.Tensor, past: int, valid: torch.Tensor | None) -> None:
+    """Bring `index` to the cache: index the keys after the first `past`, `groups` (B, K, n, top_k) their groups as
+    inference routes them (`routing.cache_key_groups`, `routing.step_groups`); `valid` (B, n) or None."""
     if index.length != past:
         if index.length < past:
             raise RuntimeError(f"the Focus group index holds {index.length} keys but the cache {past}: "
                                "a FocusCache must see every key from the first")
         index.truncate(past)  # the cache was cropped
-    index.extend(cache_key_groups(module, key_vectors), valid)
+    index.extend(groups, valid)
 
 
 SPARSE_STEP_MIN_KEYS = 16384

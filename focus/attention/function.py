@@ -28,13 +28,14 @@ from focus.attention.recall import LOSSES_ATTRIBUTE, recall_loss
 from focus.attention.reference import dense_attention, hard_allowed, sdpa_grouped, soft_bias, unmodified_attention
 from focus.attention.routing import (
     Routed,
+    cache_key_groups,
     centroids_training,
     dense_heads,
     key_positions,
     layer_routing_logits,
     route_call,
     routing_vectors,
-    step_query_groups,
+    step_groups,
     top_k_groups,
 )
 from focus.config import FocusConfig
@@ -114,12 +115,18 @@ def _attend(module, query, key, value, attention_mask, scaling, dropout, softcap
         past = k_len - q_len
         arrived = (key if config.route_on == "key" else value)[:, :, past:]
         valid = None if base_mask is None else base_mask.any(dim=-2)[:, 0, past:]
+        step = (q_len == 1 and config.mode == "hard" and trace is None and config.window < k_len
+                and call.fast_path_applies())
         with record_function("focus/index_new_keys"):  # labels for torch.profiler (benchmarks/profile_focus.py)
-            index_new_keys(module, index, routing_vectors(module, arrived, positions[:, past:]), past, valid)
+            if step:  # the new key and the query heads routed in one pass
+                key_groups, query_groups = step_groups(module, query, arrived, positions[:, past:])
+            else:
+                key_groups = cache_key_groups(module, routing_vectors(module, arrived, positions[:, past:]))
+            index_new_keys(index, key_groups, past, valid)
+        if step:
+            return _decoding_step(module, call, index, query_groups)
     if config.window >= k_len and trace is None:
         return call.unmodified()  # every pair the model allows is local: Focus is the model's own attention
-    if index is not None and q_len == 1 and config.mode == "hard" and trace is None and call.fast_path_applies():
-        return _decoding_step(module, call, index, positions)
     key_vectors = routing_vectors(module, key if config.route_on == "key" else value, positions)
     if trace is not None:
         trace.append(layer_routing_logits(module, key_vectors))
@@ -178,16 +185,13 @@ def _hard_attention(
     return sdpa_grouped(call.query, call.key, call.value, allowed, None, call.scaling, call.dropout)
 
 
-def _decoding_step(module: nn.Module, call: AttentionCall, index: GroupIndex, positions: torch.Tensor) -> torch.Tensor:
-    """One decoding step (a query token per row) with the cache's group index: (B, H, 1, D). Under the hard mask over
-    every cached key, or through the group lists where that pays (`sparse_step_pays`): the same output."""
+def _decoding_step(module: nn.Module, call: AttentionCall, index: GroupIndex, query_groups: torch.Tensor) -> torch.Tensor:
+    """One decoding step (a query token per row) with the cache's group index: (B, H, 1, D), `query_groups`
+    (B, H, top_k) those of its query heads. Under the hard mask over every cached key, or through the group lists
+    where that pays (`sparse_step_pays`): the same output."""
     config: FocusConfig = module.focus_config
     query, key = call.query, call.key
     heads, k_heads, k_len = query.shape[1], key.shape[1], key.shape[2]
-    if config.route_queries == "query":
-        query_groups = step_query_groups(module, query, positions[:, -1:], k_heads)
-    else:  # the groups of the query's own key, the last one indexed
-        query_groups = index.key_groups[:, :, index.length - 1].long().repeat_interleave(heads // k_heads, 1)
     dense = dense_heads(module, k_heads, key.device)
     if index.key_bits is not None and not sparse_step_pays(config.num_groups, config.top_k, heads, k_heads, k_len):
         with record_function("focus/masked_step"):

@@ -1,7 +1,7 @@
 """Routing tokens to groups: the one place Focus decides which groups a token joins.
 
 Two layers. The tensor functions (centroid scores, log-domain Sinkhorn balancing, hard top-k, k-means init) take
-tensors only. The layer functions below them (`route_call`, `cache_key_groups`, `step_query_groups`) route one
+tensors only. The layer functions below them (`route_call`, `cache_key_groups`, `step_groups`) route one
 attention call of a Focus layer, reading its config, centroids and balance bias off the module; the dense
 reference, the decomposed prefill and the decoding step all route through them, so a routing change is written once.
 
@@ -250,11 +250,55 @@ def cache_key_groups(module: nn.Module, key_vectors: torch.Tensor) -> torch.Tens
     return top_k_groups(inference_log_assign(logits, module.focus_group_bias), module.focus_config.top_k)
 
 
-def step_query_groups(module: nn.Module, query: torch.Tensor, position: torch.Tensor, k_heads: int) -> torch.Tensor:
-    """(B, H, top_k) int64 the groups of the query heads of one decoding step: `query` (B, H, 1, D) at `position`
-    (B or 1, 1), routed as `route_call` routes queries under `route_queries="query"`; `k_heads` key/value heads."""
-    log_assign = route_query_heads(module, routing_vectors(module, query, position), k_heads)
-    return top_k_groups(log_assign, module.focus_config.top_k)[:, :, 0]
+def step_groups(
+    module: nn.Module, query: torch.Tensor, key_vectors: torch.Tensor, position: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decoding step's routing in one pass: the groups of the key that just entered the cache (B, K, 1, top_k),
+    as `cache_key_groups` routes it, and of the query heads (B, H, top_k), as `route_call` routes queries (their own
+    query vectors under `route_queries="query"`, else the key's groups).
+
+    Keys and query heads are routed as the heads of one call (one rotary undo, one product with the centroids, one
+    top-k): a step does this in every layer, so its tensor ops are a cost of their own. Under causal routing both
+    depend on this token alone, so the result is the same as routing each apart.
+
+    Args:
+        query: (B, H, 1, D); key_vectors: (B, K, 1, D) what the layer routes keys on (`FocusConfig.route_on`),
+            rotary embedded; position: (B or 1, 1).
+    """
+    config = module.focus_config
+    b, h = query.shape[:2]
+    k_heads = key_vectors.shape[1]
+    by_query = config.route_queries == "query"
+    centroids, bias = _step_router(module, k_heads, h if by_query else 0)  # (K [+ H], G, D) unit, (K [+ H], G)
+    vectors = torch.cat([key_vectors, query], dim=1) if by_query else key_vectors
+    logits = torch.einsum("bhld,hgd->bhlg", F.normalize(routing_vectors(module, vectors, position).float(), dim=-1),
+                          centroids) / config.temperature
+    groups = top_k_groups(torch.log_softmax(logits + bias[:, None, :], dim=-1), config.top_k)  # (B, K [+ H], 1, k)
+    key_groups = groups[:, :k_heads]
+    if by_query:
+        return key_groups, groups[:, k_heads:, 0]
+    return key_groups, key_groups[:, :, 0].repeat_interleave(h // k_heads, dim=1)
+
+
+def _step_router(module: nn.Module, k_heads: int, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The unit centroids of the layer's K key heads then `heads` query heads, (K + heads, G, D), and their group
+    bias (the keys' learnt balance bias, none for queries), kept on the module until the centroids or bias change."""
+    centroids, bias = module.focus_centroids, module.focus_group_bias
+    stamp = (id(centroids), centroids.data_ptr(), centroids._version, id(bias), bias.data_ptr(), bias._version, k_heads,
+             heads)
+    kept = module.__dict__.get("_focus_step_router")
+    if kept is None or kept[0] != stamp:
+        unit = F.normalize(centroids.detach().float(), dim=-1)  # (K or 1, G, D)
+        key_side = unit.expand(k_heads, -1, -1)
+        key_bias = bias.detach().float().expand(k_heads, -1)
+        if heads:
+            query_side = unit.repeat_interleave(heads // k_heads, dim=0) if unit.shape[0] == k_heads else unit
+            unit = torch.cat([key_side, query_side.expand(heads, -1, -1)])
+            bias_all = torch.cat([key_bias, torch.zeros_like(key_bias[:1]).expand(heads, -1)])
+        else:
+            unit, bias_all = key_side.contiguous(), key_bias.contiguous()
+        kept = module.__dict__["_focus_step_router"] = (stamp, unit, bias_all)
+    return kept[1], kept[2]
 
 
 def route_query_heads(module: nn.Module, query: torch.Tensor, k_heads: int) -> torch.Tensor:
