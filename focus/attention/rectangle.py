@@ -109,12 +109,12 @@ def rectangle_part(q, key, value, entries: Entries, keys: KeyRows, scaling: floa
                 blk_out, blk_lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
                     qb, kv[..., :d], kv[..., d:], 0.0, False, attn_mask=mask, scale=scaling)
             else:
-                blk_out, blk_lse = masked_with_lse(qb, kv[..., :d], kv[..., d:], 0.0 if mask is None else mask,
-                                                    scaling)
-            blk_lse = blk_lse.float()
-            if masked:  # the kernel returns log-sum-exp 0 for a row with no allowed key
-                blk_lse = blk_lse.masked_fill(~allowed.any(dim=-1)[:, None], float("-inf"))
-            parts.append((q_rows[q_real], blk_out.transpose(1, 2)[q_real], blk_lse.transpose(1, 2)[q_real]))
+                no_mask = torch.zeros((), device=device)
+                blk_out, blk_lse = masked_with_lse(qb, kv[..., :d], kv[..., d:], no_mask if mask is None else mask,
+                                                   scaling)
+            if masked:  # a row with no allowed key here has no part (the kernel's output there is not a softmax)
+                q_real = q_real & allowed.any(dim=-1)
+            parts.append((q_rows[q_real], blk_out.transpose(1, 2)[q_real], blk_lse.float().transpose(1, 2)[q_real]))
 
         for count in torch.unique(full[full > 0]).tolist():  # whole prefixes: one unmasked call per length
             items = (full == count).nonzero().squeeze(1)
@@ -123,14 +123,12 @@ def rectangle_part(q, key, value, entries: Entries, keys: KeyRows, scaling: floa
         for items in _similar_lengths(rest, fill):
             attend(items, (key_first + full)[items], rest[items], masked=True)
     if not parts:
-        return (entries._replace(head=entries.head[:0], position=entries.position[:0], sign=entries.sign[:0],
-                                 member=entries.member[:0]),
-                q.new_zeros(0, r, d, dtype=torch.float32), q.new_zeros(0, r, dtype=torch.float32))
+        parts.append((torch.zeros(0, dtype=torch.long, device=device), q.new_zeros(0, r, d), q.new_zeros(0, r)))
     rows, out, lse = (torch.cat(column) for column in zip(*parts))
     # One row per contribution: the merge sums every part of a query (its signs and log-sum-exps) as it does for
     # the other form's segments.
     return (Entries(entries.head[rows], entries.position[rows], entries.sign[rows], entries.member[rows],
-                     entries.is_key[rows], []), out.float(), lse)
+                    entries.is_key[rows], []), out.float(), lse.float())
 
 
 def _similar_lengths(lengths: torch.Tensor, fill: float) -> list[torch.Tensor]:
