@@ -28,7 +28,12 @@ import torch
 from focus import focus_config, load_focus, remove_focus, set_focus_mode
 from focus.artifacts import markdown_table
 from focus.data import chunk_tokens, load_corpus, tokenize_corpus
-from focus.eval.diagnostics import distant_attention_recall, heads_by_lost_attention, heads_by_needle_attention
+from focus.eval.diagnostics import (
+    distant_attention_recall,
+    heads_by_loss,
+    heads_by_lost_attention,
+    heads_by_needle_attention,
+)
 from focus.eval.needle import needle_prompt, needle_trials
 from focus.eval.paired import paired_ratio
 from focus.eval.perplexity import perplexity
@@ -48,13 +53,17 @@ def main() -> None:
     parser.add_argument("--needle-trials", type=int, default=2, help="per depth (5 depths)")
     parser.add_argument("--select-prompts", type=int, default=4)
     parser.add_argument("--select-length", type=int, default=2048)
-    parser.add_argument("--select", choices=["retrieval", "lost"], default="retrieval")
+    parser.add_argument("--select", choices=["retrieval", "lost", "loss"], default="retrieval",
+                        help="loss: heads whose density lowers the WikiText-2 TRAIN loss most (on --select-prompts "
+                        "rows of 512)")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--tag", default="validation")
     parser.add_argument("--base-cache", default=None, help="a file keeping the pretrained model's scores between runs")
     parser.add_argument("--own-heads", action="store_true",
                         help="score each adapter with the dense heads it was trained with (no --dense, no choosing)")
+    parser.add_argument("--window", type=int, default=None,
+                        help="score with this local window instead of the adapter's (an inference-time change)")
     parser.add_argument("--append", action="store_true", help="keep the rows already in the table (not the pretrained one)")
     args = parser.parse_args()
 
@@ -65,6 +74,8 @@ def main() -> None:
     prompts = [needle_prompt(tokenizer, train_filler, args.select_length, rng.choice(DEPTHS), rng)
                for _ in range(args.select_prompts)]
     select_rows, spans = torch.stack([p[0] for p in prompts]), [p[4] for p in prompts]
+    loss_rows = chunk_tokens(tokenize_corpus(load_corpus("wikitext2", "train")[:200_000], tokenizer), 512)
+    loss_rows = loss_rows[torch.linspace(0, len(loss_rows) - 1, args.select_prompts).long()]
     kept_rows = chunk_tokens(tokens["books"], 512)
     kept_rows = kept_rows[torch.linspace(0, len(kept_rows) - 1, 8).long()]
 
@@ -93,7 +104,7 @@ def main() -> None:
     rows = [_row("pretrained", 0, base, base, None, [], "")]
     earlier = Path(args.out) / f"forgetting_screen_{args.tag}.csv"
     if args.append and earlier.exists():
-        kept = pd.read_csv(earlier, keep_default_na=False)
+        kept = pd.read_csv(earlier).fillna({"select": "", "dense_heads": ""})
         rows += [row for row in kept.to_dict("records") if row["adapter"] != "pretrained"]
     print(rows[-1])
     for spec in args.adapter:
@@ -105,16 +116,21 @@ def main() -> None:
         else:
             set_focus_mode(model, "hard", dense_heads=[])
             with torch.no_grad():
-                ranking = (heads_by_needle_attention(model, select_rows, spans) if args.select == "retrieval"
-                           else heads_by_lost_attention(model, select_rows))
+                if args.select == "retrieval":
+                    ranking = heads_by_needle_attention(model, select_rows, spans)
+                elif args.select == "lost":
+                    ranking = heads_by_lost_attention(model, select_rows)
+                else:
+                    ranking = heads_by_loss(model, loss_rows)
             print("heads, most first:", ranking[:12])
             choices = [(count, [head for head, _ in ranking[:count]], args.select if count else "")
                        for count in args.dense]
         for count, heads, select in choices:
-            set_focus_mode(model, "hard", dense_heads=heads)
+            set_focus_mode(model, "hard", dense_heads=heads, **({"window": args.window} if args.window else {}))
             with torch.no_grad():
                 kept = distant_attention_recall(model, kept_rows)["kept"]
                 rows.append(_row(name, count, score(), base, kept, heads, select))
+                rows[-1]["window"] = focus_config(model).window
             print(rows[-1])
             _write(rows, args)  # after every row: a stopped screen keeps what it measured
         remove_focus(model)

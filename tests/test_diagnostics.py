@@ -11,6 +11,7 @@ from focus.data import chunk_tokens, load_corpus, tokenize_corpus
 from focus.eval.diagnostics import (
     _oracle_attention,
     distant_attention_recall,
+    heads_by_loss,
     heads_by_lost_attention,
     heads_by_needle_attention,
     oracle_selection,
@@ -65,6 +66,28 @@ def test_per_head_tallies_sum_to_the_layer_and_dense_heads_keep_every_distant_pa
     layer, head = int(most[1:].split("h")[0]), int(most.split("h")[1])
     dense = distant_attention_recall(model, ids)["heads"][layer][head]
     assert dense["kept"] == pytest.approx(1.0) and dense["recall"] == pytest.approx(1.0) and dense["lost"] == 0
+
+
+def test_heads_by_loss_is_the_loss_each_dense_head_saves(one_thread):
+    """Each head's score is the mean next-token loss of the hard model minus that with the head (besides the dense
+    ones) kept dense; the model's dense heads are back afterwards."""
+    model = tiny_model("llama", seed=0)
+    ids = rows(model, n=3)
+    apply_focus(model, FocusConfig(num_groups=8, top_k=1, window=4, mode="hard", dense_heads=["l0h0"]),
+                calibration_ids=ids)
+
+    def loss(dense):
+        set_focus_mode(model, "hard", dense_heads=dense)
+        with torch.no_grad():
+            return float(model(input_ids=ids, labels=ids).loss)
+
+    base = loss(["l0h0"])
+    ranked = heads_by_loss(model, ids, batch_size=2)
+    assert list(model.model.layers[0].self_attn.focus_config.dense_heads) == ["l0h0"]
+    assert len(ranked) == model.config.num_hidden_layers * model.config.num_key_value_heads - 1  # not l0h0
+    assert [score for _, score in ranked] == sorted((score for _, score in ranked), reverse=True)
+    name, score = ranked[0]
+    assert score == pytest.approx(base - loss(["l0h0", name]), abs=1e-5)
 
 
 def test_needle_attention_is_the_mass_the_last_queries_put_on_the_span(one_thread):

@@ -20,6 +20,7 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
@@ -34,7 +35,7 @@ from focus.attention.reference import (
 )
 from focus.attention.routing import key_positions, route_call, routing_vectors, top_k_groups
 from focus.models import input_device
-from focus.retrofit import attention_modules, has_focus
+from focus.retrofit import attention_modules, has_focus, head_shape, set_focus_mode
 
 _RECALL = "focus_recall"
 _ORACLE = "focus_oracle"
@@ -82,6 +83,40 @@ def heads_by_lost_attention(model: PreTrainedModel, rows: torch.Tensor, batch_si
     modules = attention_modules(model)
     scored = [(f"l{module.layer_idx}h{head}", share["lost"])
               for module, heads in zip(modules, recall["heads"]) for head, share in enumerate(heads)]
+    return sorted(scored, key=lambda item: -item[1])
+
+
+@torch.no_grad()
+def heads_by_loss(model: PreTrainedModel, rows: torch.Tensor, batch_size: int = 4) -> list[tuple[str, float]]:
+    """Every key/value head of `model` as a `FocusConfig.dense_heads` entry with how much keeping it dense (besides
+    the heads already dense) lowers the mean next-token loss on `rows` (N, L), most first: the heads whose sparsity
+    costs the most on that text. One forward of `rows` per head; the model's dense heads are restored after."""
+    if not has_focus(model):
+        raise ValueError("heads_by_loss needs a model with Focus applied (it names Focus's heads)")
+    config = attention_modules(model)[0].focus_config
+    device = input_device(model)
+
+    def mean_loss() -> float:
+        total, count = 0.0, 0
+        for batch in rows.split(batch_size):
+            batch = batch.to(device)
+            logits = model(input_ids=batch).logits[:, :-1].float()
+            total += float(F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten(), reduction="sum"))
+            count += batch[:, 1:].numel()
+        return total / count
+
+    base = mean_loss()
+    scored = []
+    try:
+        for module in attention_modules(model):
+            for head in range(head_shape(model)[0]):
+                name = f"l{module.layer_idx}h{head}"
+                if name in config.dense_heads:
+                    continue
+                set_focus_mode(model, config.mode, dense_heads=[*config.dense_heads, name])
+                scored.append((name, base - mean_loss()))
+    finally:
+        set_focus_mode(model, config.mode, dense_heads=list(config.dense_heads))
     return sorted(scored, key=lambda item: -item[1])
 
 
