@@ -70,6 +70,7 @@ class GroupIndex:
         self.sinks = torch.full((batch, sink_tokens), -1, dtype=torch.int64, device=device)
         self._real = torch.zeros(batch, dtype=torch.int64, device=device)  # real keys seen per row (until sinks found)
         self._sinks_found = sink_tokens == 0
+        self._sink_ends: list[int] | None = None
         self._query_head_rows: torch.Tensor | None = None
         # Each key's groups as bits (bit g for group g; 0 for padding) where they fit: a masked step's mask is one
         # AND per key. The group lists are brought up to date only when a sparse step reads them (`listed`).
@@ -81,22 +82,26 @@ class GroupIndex:
         """Index the next keys: `groups` (B, K, n, top_k) their group ids, `valid` (B, n) False for padding."""
         b, k_heads, n, _ = groups.shape
         start = self.length
-        valid = torch.ones(b, n, dtype=torch.bool, device=groups.device) if valid is None else valid
         self.key_groups = _reserve(self.key_groups, 2, start + n)
-        groups_or_padding = groups.masked_fill(~valid[:, None, :, None], -1)
-        self.key_groups[:, :, start : start + n] = groups_or_padding.to(self.key_groups.dtype)
+        padded = valid is not None and not bool(valid.all())
+        self.key_groups[:, :, start : start + n] = (groups.masked_fill(~valid[:, None, :, None], -1) if padded
+                                                   else groups)
         if self.key_bits is not None:
             self.key_bits = _reserve(self.key_bits, 2, start + n, fill=0)
-            bits = (1 << groups).sum(dim=-1) if self.top_k > 1 else 1 << groups[..., 0]  # distinct groups: sum = OR
-            self.key_bits[:, :, start : start + n] = bits * valid[:, None, :]
+            bits = (1 << groups).sum(dim=-1)  # distinct groups: the sum is the OR
+            self.key_bits[:, :, start : start + n] = bits * valid[:, None, :] if padded else bits
+        if self._sinks_found:
+            self.length = start + n
+            return
+        valid = torch.ones(b, n, dtype=torch.bool, device=groups.device) if valid is None else valid
 
-        if not self._sinks_found:  # once every row has its sinks, later keys never are one: skip the bookkeeping
-            order = self._real[:, None] + valid.long().cumsum(dim=1)  # (B, n): 1-based rank among the row's real keys
-            is_sink = valid & (order <= self.sinks.shape[1])
-            rows, cols = is_sink.nonzero(as_tuple=True)
-            self.sinks[rows, order[rows, cols] - 1] = start + cols
-            self._real += valid.sum(dim=1)
-            self._sinks_found = bool((self._real >= self.sinks.shape[1]).all())
+        # Until every row has its sinks (then later keys never are one, and the bookkeeping is skipped above).
+        order = self._real[:, None] + valid.long().cumsum(dim=1)  # (B, n): 1-based rank among the row's real keys
+        is_sink = valid & (order <= self.sinks.shape[1])
+        rows, cols = is_sink.nonzero(as_tuple=True)
+        self.sinks[rows, order[rows, cols] - 1] = start + cols
+        self._real += valid.sum(dim=1)
+        self._sinks_found = bool((self._real >= self.sinks.shape[1]).all())
         self.length = start + n
 
     @property
@@ -164,6 +169,15 @@ class GroupIndex:
             return torch.full(self.sinks.shape[:1], -1, dtype=torch.int64, device=self.sinks.device)
         return self.sinks.amax(dim=1)
 
+    def sink_ends(self) -> list[int]:
+        """Each row's last sink position (-1 before any), as Python ints: kept once every row has found its sinks."""
+        ends = self._sink_ends
+        if ends is None:
+            ends = self.sink_last.tolist()
+            if self._sinks_found:
+                self._sink_ends = ends
+        return ends
+
     def groups(self, length: int | None = None) -> torch.Tensor:
         """(B, K, L, top_k) int64 group ids of the first `length` indexed keys (padding keys: -1)."""
         return self.key_groups[:, :, : self.length if length is None else length].long()
@@ -192,7 +206,7 @@ class GroupIndex:
         self.pages = torch.cat([self.pages[:1], self.pages.index_select(0, table[live].long())])
         table[live] = torch.arange(1, self.pages.shape[0], dtype=torch.int32, device=table.device)
         self.used_pages = self.pages.shape[0]
-        self._query_head_rows = None
+        self._query_head_rows = self._sink_ends = None
 
     def nbytes(self) -> int:
         """Bytes the index holds (allocated, growth headroom included)."""
@@ -289,13 +303,16 @@ def index_new_keys(index: GroupIndex, groups: torch.Tensor, past: int, valid: to
     index.extend(groups, valid)
 
 
-SPARSE_STEP_MIN_KEYS = 16384
+SPARSE_STEP_MIN_KEYS = 4096
 """Below this many cached keys a decoding step attends under the hard mask (`masked_decode_attention`): reading
-through the group lists pays only once the keys it skips outweigh its fixed cost (calibrated in docs/decoding.md)."""
+through the group lists pays only once the keys it skips outweigh its fixed cost. Measured on 2 CPU cores, one
+SmolLM2-shaped layer (9/3 heads), 16 groups, top-1: the sparse step 0.32 ms against the masked 0.18 ms at 1K keys,
+0.42 against 0.48 at 4K, 1.38 against 2.40 at 16K (`benchmarks/results/decode_step_trained_fp32.md`)."""
 
 SPARSE_KEY_COST = 3.0
 """A key a sparse step reads (gathered, scored by a small GEMM, its value summed by a bag) costs about this many keys
-that a masked step reads in place (measured on a CPU, docs/decoding.md)."""
+that a masked step reads in place: top-2 of 16 groups with 9/3 heads reads 1.125x the masked step's keys per step and
+was slower at every length to 64K (10.1 ms against 9.2 ms there); top-1 (0.56x) was faster from 4K on."""
 
 
 def sparse_step_pays(num_groups: int, top_k: int, heads: int, k_heads: int, length: int) -> bool:
@@ -334,14 +351,16 @@ def masked_decode_attention(
     query_bits = (1 << query_groups).sum(dim=-1)  # (B, H): distinct groups, so the sum is the OR
     allowed = (index.key_bits[:, :, None, :length] & query_bits.view(b, k_heads, h // k_heads, 1)) != 0  # B,K,R,L
     allowed[..., max(length - window, 0) :] = True
-    if index.sinks.shape[1]:  # a real key is a sink exactly when its position is at most the last sink's
-        allowed |= torch.arange(length, device=key.device) <= index.sink_last[:, None, None, None]
+    for row, last in enumerate(index.sink_ends()):  # a real key is a sink exactly when its position is <= last
+        allowed[row, ..., : last + 1] = True
     if dense is not None:
         allowed[:, dense] = True
     if base_mask is not None:
         allowed &= base_mask.view(b, 1, 1, length)
+    # An additive mask: SDPA would convert a boolean one at every call. -inf is safe, the own key is always allowed.
+    mask = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device).masked_fill_(~allowed, float("-inf"))
     # The R query heads of a key/value head as R queries of it: keys and values are read once, not copied per head.
-    out = F.scaled_dot_product_attention(query.view(b, k_heads, h // k_heads, d), key, value, attn_mask=allowed,
+    out = F.scaled_dot_product_attention(query.view(b, k_heads, h // k_heads, d), key, value, attn_mask=mask,
                                          scale=scaling)
     return out.view(b, h, 1, d)
 

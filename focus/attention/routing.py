@@ -51,11 +51,34 @@ def undo_rotary(vectors: torch.Tensor, positions: torch.Tensor, inv_freq: torch.
     Returns:
         (B, H, L, D) float32.
     """
-    angles = positions[..., None].float() * inv_freq.float().to(vectors.device)  # (B, L, D/2)
-    angles = torch.cat([angles, angles], dim=-1)[:, None]  # (B, 1, L, D)
+    cos, sin = _rotary_tables(positions, inv_freq, vectors.device)
     x = vectors.float()
     first, second = x.chunk(2, dim=-1)
-    return x * angles.cos() - torch.cat([-second, first], dim=-1) * angles.sin()
+    return x * cos - torch.cat([-second, first], dim=-1) * sin
+
+
+_STEP_TABLES: dict = {}
+"""cos/sin of a decoding step's angles, by (frequencies, device, positions): every layer of a step routes at the same
+positions with the same frequencies, so the step computes them once instead of once per layer."""
+
+
+def _rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin (B, 1, L, D) of the rotary angles at `positions` (B or 1, L)."""
+    key = None
+    if positions.numel() <= 8:  # a decoding step: remembered (a handful of entries)
+        # Keyed by the values themselves: a freed buffer's address can come back holding other frequencies.
+        key = (str(device), tuple(inv_freq.tolist()), tuple(positions.shape), *positions.flatten().tolist())
+        found = _STEP_TABLES.get(key)
+        if found is not None:
+            return found
+    angles = positions[..., None].float() * inv_freq.float().to(device)  # (B, L, D/2)
+    angles = torch.cat([angles, angles], dim=-1)[:, None]  # (B, 1, L, D)
+    tables = angles.cos(), angles.sin()
+    if key is not None:
+        if len(_STEP_TABLES) >= 64:
+            _STEP_TABLES.clear()
+        _STEP_TABLES[key] = tables
+    return tables
 
 
 def sinkhorn(logits: torch.Tensor, iters: int, valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
