@@ -42,7 +42,9 @@ def main() -> None:
         passkey = [c for c in rows if c.startswith("needle_")]
         points = pd.concat([points, pd.DataFrame({
             "design": "screen: " + rows["adapter"] + ", " + rows["dense"].astype(str) + " dense heads"
-                      + rows["select"].fillna("").map(lambda s: f" ({s})" if s else ""),
+                      + rows["select"].fillna("").map(lambda s: f" ({s})" if s else "")
+                      + rows.get("window", pd.Series(64, index=rows.index)).fillna(64).astype(int).map(
+                          lambda w: "" if w == 64 else f", window {w}"),
             "domain_change": rows["books_change"], "other_change": rows["wikitext2_change"],
             "distant_kept": rows["distant_kept"],
             "passkey": rows[passkey].apply(lambda r: sum(_share(v) for v in r) / len(r), axis=1),

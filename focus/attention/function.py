@@ -185,7 +185,9 @@ def _hard_attention(
     return sdpa_grouped(call.query, call.key, call.value, allowed, None, call.scaling, call.dropout)
 
 
-def _decoding_step(module: nn.Module, call: AttentionCall, index: GroupIndex, query_groups: torch.Tensor) -> torch.Tensor:
+def _decoding_step(
+    module: nn.Module, call: AttentionCall, index: GroupIndex, query_groups: torch.Tensor
+) -> torch.Tensor:
     """One decoding step (a query token per row) with the cache's group index: (B, H, 1, D), `query_groups`
     (B, H, top_k) those of its query heads. Under the hard mask over every cached key, or through the group lists
     where that pays (`sparse_step_pays`): the same output."""
