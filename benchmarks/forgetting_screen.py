@@ -64,7 +64,8 @@ def main() -> None:
                         help="score each adapter with the dense heads it was trained with (no --dense, no choosing)")
     parser.add_argument("--window", type=int, default=None,
                         help="score with this local window instead of the adapter's (an inference-time change)")
-    parser.add_argument("--append", action="store_true", help="keep the rows already in the table (not the pretrained one)")
+    parser.add_argument("--append", action="store_true",
+                        help="keep the rows already in the table (not the pretrained one)")
     args = parser.parse_args()
 
     model, tokenizer = load_model(PACKAGED_SMOLLM2, getattr(torch, args.dtype))

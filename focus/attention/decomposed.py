@@ -18,8 +18,8 @@ masked reference. Forward only: hard mode is for inference (training uses the so
 **Query-side routing** (`query_groups`: each query head has groups of its own, a key its key's groups): a pair is kept
 when the query's groups meet the key's. Every query head then runs as a key/value head of its own (keys repeated),
 and a segment of subset T has two sides: the queries holding T and the keys holding T. On the "torch" backend the
-queries attend to the keys (a rectangle, `focus.attention.rectangle`): in chunks of queries, each against the keys before it
-(unmasked) and a thin band up to its last query (masked). The union form (below) would run the position-sorted union
+queries attend to the keys (a rectangle, `focus.attention.rectangle`): in chunks of queries, each against the keys
+before it (unmasked) and a thin band up to its last query (masked). The union form (below) would run the position-sorted union
 of both as one causal call, about four times the pairs when queries and keys of a segment are as many and distinct.
 
 "flash" backend, union form: a row that is only a query is never attended to because its key gets an extra head

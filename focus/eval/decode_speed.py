@@ -122,7 +122,8 @@ def generate_rows(
     rows = []
     for length in prompt_lengths:
         if prompt_ids is None:
-            ids = torch.randint(0, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(length))
+            seeded = torch.Generator().manual_seed(length)
+            ids = torch.randint(0, model.config.vocab_size, (1, length), generator=seeded)
         else:
             if prompt_ids.shape[1] < length:
                 raise ValueError(f"a {length}-token prompt needs {length} tokens of text; {prompt_ids.shape[1]} given")
