@@ -19,8 +19,9 @@ masked reference. Forward only: hard mode is for inference (training uses the so
 when the query's groups meet the key's. Every query head then runs as a key/value head of its own (keys repeated),
 and a segment of subset T has two sides: the queries holding T and the keys holding T. On the "torch" backend the
 queries attend to the keys (a rectangle, `focus.attention.rectangle`): in chunks of queries, each against the keys
-before it (unmasked) and a thin band up to its last query (masked). The union form (below) would run the position-sorted union
-of both as one causal call, about four times the pairs when queries and keys of a segment are as many and distinct.
+before it (unmasked) and a thin band up to its last query (masked). The union form (below) would run the
+position-sorted union of both as one causal call: about four times the pairs when a segment's queries and keys are as
+many and distinct.
 
 "flash" backend, union form: a row that is only a query is never attended to because its key gets an extra head
 dimension that puts its logit at -1e4 / scale below everything (exp(-1e4) is 0 in float32) while queries get a 1
