@@ -75,8 +75,6 @@ def main() -> None:
     prompts = [needle_prompt(tokenizer, train_filler, args.select_length, rng.choice(DEPTHS), rng)
                for _ in range(args.select_prompts)]
     select_rows, spans = torch.stack([p[0] for p in prompts]), [p[4] for p in prompts]
-    loss_rows = chunk_tokens(tokenize_corpus(load_corpus("wikitext2", "train")[:200_000], tokenizer), 512)
-    loss_rows = loss_rows[torch.linspace(0, len(loss_rows) - 1, args.select_prompts).long()]
     kept_rows = chunk_tokens(tokens["books"], 512)
     kept_rows = kept_rows[torch.linspace(0, len(kept_rows) - 1, 8).long()]
 
@@ -121,8 +119,9 @@ def main() -> None:
                     ranking = heads_by_needle_attention(model, select_rows, spans)
                 elif args.select == "lost":
                     ranking = heads_by_lost_attention(model, select_rows)
-                else:
-                    ranking = heads_by_loss(model, loss_rows)
+                else:  # WikiText-2's own train split (the mirror has only its validation and test splits)
+                    loss_rows = chunk_tokens(tokenize_corpus(load_corpus("wikitext2", "train")[:200_000], tokenizer), 512)
+                    ranking = heads_by_loss(model, loss_rows[:: max(1, len(loss_rows) // args.select_prompts)])
             print("heads, most first:", ranking[:12])
             choices = [(count, [head for head, _ in ranking[:count]], args.select if count else "")
                        for count in args.dense]
