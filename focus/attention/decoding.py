@@ -357,7 +357,8 @@ def masked_decode_attention(
         allowed[:, dense] = True
     if base_mask is not None:
         allowed &= base_mask.view(b, 1, 1, length)
-    # An additive mask: SDPA would convert a boolean one at every call. -inf is safe, the own key is always allowed.
+    # An additive mask: SDPA would convert a boolean one at every call. -inf is safe: the own key is always allowed
+    # (window >= 1, or key routing, where the query holds its own key's groups).
     mask = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device).masked_fill_(~allowed, float("-inf"))
     # The R query heads of a key/value head as R queries of it: keys and values are read once, not copied per head.
     out = F.scaled_dot_product_attention(query.view(b, k_heads, h // k_heads, d), key, value, attn_mask=mask,
