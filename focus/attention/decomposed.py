@@ -43,7 +43,7 @@ from torch.profiler import record_function
 
 from focus.attention.fast_path import current_fast_path
 from focus.attention.rectangle import rectangle_entries, rectangle_part
-from focus.attention.segments import Entries, masked_with_lse, subset_codes, subset_sign
+from focus.attention.segments import Entries, masked_with_lse, similar_lengths, subset_codes, subset_sign
 
 BACKENDS = ("flash", "torch")
 
@@ -246,15 +246,9 @@ def _segments_torch(packed_q, packed_k, packed_v, lengths: list[int], scaling: f
     lse = torch.empty(n, r, dtype=torch.float32, device=device)
     sizes = torch.tensor(lengths)
     starts = sizes.cumsum(0) - sizes
-    order = torch.argsort(sizes, descending=True, stable=True).tolist()
     attend = _cpu_causal if device.type == "cpu" else _causal_with_lse
-    first = 0
-    while first < len(order):
-        longest = lengths[order[first]]
-        last = first + 1
-        while last < len(order) and lengths[order[last]] >= fill * longest:
-            last += 1
-        batch = order[first:last]
+    for batch in similar_lengths(sizes, fill):
+        longest = int(sizes[batch[0]])
         offsets = torch.arange(longest)
         rows = (starts[batch, None] + offsets).clamp_max(n - 1).to(device)  # (S, longest); tails read junk rows
         real = (offsets < sizes[batch, None]).to(device)  # (S, longest)
@@ -264,7 +258,6 @@ def _segments_torch(packed_q, packed_k, packed_v, lengths: list[int], scaling: f
         seg_out, seg_lse = attend(q, k, v, scaling)
         out[rows[real]] = seg_out.permute(0, 2, 1, 3)[real].float()
         lse[rows[real]] = seg_lse.permute(0, 2, 1)[real].float()
-        first = last
     return out, lse
 
 

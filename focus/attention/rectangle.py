@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import torch
 
-from focus.attention.segments import Entries, masked_with_lse, subset_codes, subset_sign
+from focus.attention.segments import Entries, masked_with_lse, similar_lengths, subset_codes, subset_sign
 
 
 class KeyRows(NamedTuple):
@@ -120,7 +120,7 @@ def rectangle_part(q, key, value, entries: Entries, keys: KeyRows, scaling: floa
             items = (full == count).nonzero().squeeze(1)
             attend(items, key_first[items], count, masked=False)
         rest = key_end - key_first - full  # the band up to each chunk's last query
-        for items in _similar_lengths(rest, fill):
+        for items in similar_lengths(rest, fill):
             attend(items, (key_first + full)[items], rest[items], masked=True)
     if not parts:
         parts.append((torch.zeros(0, dtype=torch.long, device=device), q.new_zeros(0, r, d), q.new_zeros(0, r)))
@@ -129,45 +129,3 @@ def rectangle_part(q, key, value, entries: Entries, keys: KeyRows, scaling: floa
     # the other form's segments.
     return (Entries(entries.head[rows], entries.position[rows], entries.sign[rows], entries.member[rows],
                     entries.is_key[rows], []), out.float(), lse.float())
-
-
-def _similar_lengths(lengths: torch.Tensor, fill: float) -> list[torch.Tensor]:
-    """The indices of the positive `lengths` in batches, longest first, each batch's lengths at least `fill` times
-    its longest (so padding every member to the longest wastes at most 1 - fill)."""
-    order = torch.argsort(lengths, descending=True, stable=True)
-    order = order[lengths[order] > 0]
-    values = lengths[order].tolist()
-    batches, first = [], 0
-    while first < len(values):
-        last = first + 1
-        while last < len(values) and values[last] >= fill * values[first]:
-            last += 1
-        batches.append(order[first:last])
-        first = last
-    return batches
-
-
-def _similar_lengths(lengths: torch.Tensor, fill: float) -> list[torch.Tensor]:
-    """The indices of the positive `lengths` in batches, longest first, each batch's lengths at least `fill` times
-    its longest (so padding every member to the longest wastes at most 1 - fill)."""
-    order = torch.argsort(lengths, descending=True, stable=True)
-    order = order[lengths[order] > 0]
-    values = lengths[order].tolist()
-    batches, first = [], 0
-    while first < len(values):
-        last = first + 1
-        while last < len(values) and values[last] >= fill * values[first]:
-            last += 1
-        batches.append(order[first:last])
-        first = last
-    return batches
-
-
-def _merge_into(out, lse, rows, part_out, part_lse):
-    """out, lse[rows] := the softmax merge of what they hold and (part_out, part_lse); rows are distinct."""
-    old_lse = lse[rows]
-    new_lse = torch.logaddexp(old_lse, part_lse)
-    new_lse_safe = torch.where(torch.isfinite(new_lse), new_lse, 0.0)
-    out[rows] = (out[rows] * (old_lse - new_lse_safe).exp()[..., None]
-                 + part_out * (part_lse - new_lse_safe).exp()[..., None])
-    lse[rows] = new_lse

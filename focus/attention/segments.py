@@ -53,3 +53,19 @@ def masked_with_lse(q, k, v, mask, scaling):
     lse = scores.logsumexp(dim=-1)
     weights = torch.where(torch.isfinite(lse)[..., None], (scores - lse[..., None]).exp(), 0.0)
     return weights @ v.float(), lse
+
+
+def similar_lengths(lengths: torch.Tensor, fill: float) -> list[torch.Tensor]:
+    """The indices of the positive `lengths` in batches, longest first, each batch's lengths at least `fill` times
+    its longest (so padding every member to the longest wastes at most 1 - fill)."""
+    order = torch.argsort(lengths, descending=True, stable=True)
+    order = order[lengths[order] > 0]
+    values = lengths[order].tolist()
+    batches, first = [], 0
+    while first < len(values):
+        last = first + 1
+        while last < len(values) and values[last] >= fill * values[first]:
+            last += 1
+        batches.append(order[first:last])
+        first = last
+    return batches
