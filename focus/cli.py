@@ -48,6 +48,9 @@ class TrainArguments:
     calibration_rows: int = field(default=8, metadata={
         "help": "Rows whose keys k-means-initialise the centroids (not trained on)."})
     eval_rows: int = field(default=8, metadata={"help": "Validation rows scored during training."})
+    retrieval_share: float = field(default=0.0, metadata={
+        "help": "Share of the trained rows that are synthetic retrieval rows (focus.train.retrieval)."})
+    retrieval_weight: float = field(default=20.0, metadata={"help": "Loss weight of a retrieval row's answer tokens."})
     overwrite: bool = field(default=False, metadata={
         "help": "Train anew into an --output that holds a finished run, replacing its adapter."})
 
@@ -187,7 +190,8 @@ def _train(argv: list[str]) -> int:
     if not _tokens_usable(tokens):
         prepare_tokens(model.model, data.domain, ["train", "validation"], tokens, data.mirror)
     job = TrainingJob(tokens, args.seq_len, train, out / "metrics.jsonl", out / "summary.json",
-                      calibration_rows=args.calibration_rows, eval_rows=args.eval_rows)
+                      calibration_rows=args.calibration_rows, eval_rows=args.eval_rows,
+                      retrieval_share=args.retrieval_share, retrieval_weight=args.retrieval_weight)
     summary = train_focus(model.model, model.dtype, to_dict(focus), job, out / "adapter")
     final = summary.get("final", {})
     print(f"adapter: {out / 'adapter'}  validation perplexity {final.get('eval/ppl', float('nan')):.2f} after "

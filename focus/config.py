@@ -105,7 +105,8 @@ class FocusConfig:
     groups and the key's groups share one; sink tokens belong to every group. Centroids live in each key/value
     head's key space. A key joins the groups its key vector is routed to; a query joins either the groups of
     its own key (`route_queries="key"`: one group set per token) or the groups its own query vector is routed
-    to, per query head (`route_queries="query"`: the groups whose keys it would attend to).
+    to, per query head (`route_queries="query"`: the groups whose keys it would attend to) or per key/value head
+    (`route_queries="kv_head"`: its query heads route together, so they read one set of keys).
     """
 
     num_groups: int = field(default=16, metadata={"help": "Groups (centroids) per routing head."})
@@ -138,13 +139,14 @@ class FocusConfig:
             "embedding) or its value (position-free). Both live in the KV cache, so decoding needs no state."
         },
     )
-    route_queries: Literal["key", "query"] = field(
+    route_queries: Literal["key", "query", "kv_head"] = field(
         default="query",
         metadata={
             "help": "How a query token picks its groups: 'key' takes the groups of its own key (key-key similarity; "
             "one group set per token); 'query' routes each query head's query vector against the same centroids, "
-            "as the Routing Transformer does, so a query joins the groups of the keys it attends to. Needs "
-            "route_on='key'."
+            "as the Routing Transformer does, so a query joins the groups of the keys it attends to; 'kv_head' "
+            "routes the query heads of a key/value head together (the mean of their routing logits), so that they "
+            "read one set of keys (grouped-query models). 'query' and 'kv_head' need route_on='key'."
         },
     )
     unrotate: bool = field(
@@ -223,12 +225,12 @@ class FocusConfig:
             raise ConfigError(f"FocusConfig.balance_momentum must be in [0, 1), got {self.balance_momentum}")
         if not (self.temperature > 0 and math.isfinite(self.temperature)):
             raise ConfigError(f"FocusConfig.temperature must be a finite number > 0, got {self.temperature}")
-        if self.route_queries == "query" and self.window < 1:
+        if self.route_queries != "key" and self.window < 1:
             # A query's groups need not include its own key's: without a window it could see no key at all.
-            raise ConfigError(f"FocusConfig.route_queries='query' needs window >= 1, got {self.window}")
-        if self.route_queries == "query" and self.route_on != "key":
+            raise ConfigError(f"FocusConfig.route_queries={self.route_queries!r} needs window >= 1, got {self.window}")
+        if self.route_queries != "key" and self.route_on != "key":
             raise ConfigError(
-                f"FocusConfig.route_queries='query' needs route_on='key' (queries live in key space), got "
+                f"FocusConfig.route_queries={self.route_queries!r} needs route_on='key' (queries live in key space), got "
                 f"{self.route_on!r}; to route on {self.route_on}s, set route_queries='key' and unrotate=False"
             )
         if self.unrotate and self.route_on != "key":

@@ -39,11 +39,15 @@ def reference_attention(layer, q, key, v, mask, scaling=None, softcap=None):
     q_len, k_len = q.shape[-2], key.shape[-2]
     valid = None if mask is None else mask.any(dim=-2)[:, 0]
     log_p = route_keys(layer, key if config.route_on == "key" else v, valid)
-    if config.route_queries == "query":  # each query head against its key/value head's centroids, written out
+    if config.route_queries != "key":  # each query head against its key/value head's centroids, written out
         centroids = layer.focus_centroids
         per_head = torch.stack([centroids[min(h * centroids.shape[0] // q.shape[1], centroids.shape[0] - 1)]
                                 for h in range(q.shape[1])])  # (H, G, D)
-        log_p_q = torch.log_softmax(routing_logits(q.detach(), per_head, config.temperature), dim=-1)  # routing: centroids only
+        logits = routing_logits(q.detach(), per_head, config.temperature)  # routing: centroids only
+        if config.route_queries == "kv_head":  # the query heads of a key/value head: one mean, shared
+            r = q.shape[1] // key.shape[1]
+            logits = torch.stack([logits[:, h // r * r : h // r * r + r].mean(dim=1) for h in range(q.shape[1])], 1)
+        log_p_q = torch.log_softmax(logits, dim=-1)
     else:
         log_p_q = log_p[:, :, k_len - q_len :]
     sinks = sink_keys(valid, k_len, config.sink_tokens)
@@ -101,6 +105,9 @@ CASES = [
     ("hard", 4, 3, 4, 2, (0, 2), "key", False, 1, "key"),  # top_k == num_groups: every pair shares a group
     ("hard", 2, 5, 6, 2, (0, 7), "key", False, 1, "query"),
     ("hard", 1, 1, 3, 3, (), "key", True, 0, "query"),
+    ("soft", 2, 5, 6, 2, (0, 7), "key", False, 1, "kv_head"),
+    ("hard", 2, 5, 6, 2, (0, 7), "key", False, 1, "kv_head"),
+    ("hard", 1, 3, 4, 1, (3, 0), "key", True, 2, "kv_head"),
 ]
 
 
@@ -128,7 +135,8 @@ def test_outputs_match_reference(case, training, objective):
 
 
 @pytest.mark.parametrize("path", ["auto", "dense"])
-@pytest.mark.parametrize(("mode", "route_queries"), [("soft", "query"), ("hard", "query"), ("hard", "key")])
+@pytest.mark.parametrize(("mode", "route_queries"), [("soft", "query"), ("hard", "query"), ("hard", "key"),
+                                                  ("hard", "kv_head")])
 def test_dense_heads_attend_as_the_model_and_the_other_heads_as_focus(mode, route_queries, path):
     config = FocusConfig(num_groups=4, top_k=1, window=3, mode=mode, route_queries=route_queries, unrotate=False,
                          dense_heads=["l1h1", "l2h0"])
@@ -149,7 +157,7 @@ def test_dense_heads_attend_as_the_model_and_the_other_heads_as_focus(mode, rout
 
 
 @pytest.mark.parametrize("objective", ["language_model", "straight_through"])
-@pytest.mark.parametrize("route_queries", ["key", "query"])
+@pytest.mark.parametrize("route_queries", ["key", "query", "kv_head"])
 @pytest.mark.parametrize("mode", ["soft", "hard"])
 def test_gradients_match_reference(mode, route_queries, objective):
     config = FocusConfig(num_groups=4, top_k=2, window=4, mode=mode, route_queries=route_queries, objective=objective)
@@ -203,7 +211,7 @@ def test_straight_through_training_runs_the_hard_pattern_and_takes_the_soft_grad
     torch.testing.assert_close(inference.transpose(1, 2)[real], expected.transpose(1, 2)[real], atol=2e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("route_queries", ["key", "query"])
+@pytest.mark.parametrize("route_queries", ["key", "query", "kv_head"])
 @pytest.mark.parametrize("mode", ["soft", "hard"])
 def test_decoding_rows_equal_prefill_rows(mode, route_queries):
     """Queries at the end of a KV cache see what the same rows of a full prefill see."""

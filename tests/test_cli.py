@@ -15,7 +15,7 @@ def test_help_lists_the_commands_and_each_option_says_what_it_sets(capsys):
         main(["train", "--help"])
     assert exit_.value.code == 0
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps the help lines
-    for expected in ("Groups (centroids) per routing head.", "Peak AdamW learning rate", "--route_queries {key,query}",
+    for expected in ("Groups (centroids) per routing head.", "Peak AdamW learning rate", "--route_queries {key,query,kv_head}",
                      "Folder for adapter/, metrics.jsonl"):
         assert expected in text, expected
 

@@ -27,11 +27,13 @@ CASES = {
     "top1 mha": (3, 3, 1, 4, 1, (), "query"),
     "top2 gqa": (6, 2, 2, 5, 1, (0, 7), "query"),
     "top3 gqa sinks": (4, 1, 3, 3, 3, (4, 0), "query"),
+    "top2 gqa kv_head": (6, 2, 2, 5, 1, (0, 7), "kv_head"),
     "window 1": (4, 2, 2, 1, 0, (), "query"),
     "window beyond": (4, 2, 2, 64, 1, (2, 0), "query"),
     "key routed": (6, 2, 2, 5, 1, (0, 7), "key"),
     "key routed window 0": (3, 3, 2, 0, 2, (3, 0), "key"),
     "dense head": (6, 3, 2, 5, 1, (0, 7), "query", ["l0h2"]),
+    "dense head kv_head": (6, 3, 2, 5, 1, (0, 7), "kv_head", ["l0h2"]),
 }
 
 

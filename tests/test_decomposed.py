@@ -57,22 +57,25 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("routing", ["key", "query"])
+@pytest.mark.parametrize("routing", ["key", "query", "kv_head"])
 @pytest.mark.parametrize("backend", available_backends("cpu"))
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_matches_the_dense_reference(case, backend, routing, one_thread):
     """routing "query": each query head has groups of its own (route_queries="query"), so segments hold queries and
-    keys that differ."""
+    keys that differ; "kv_head": the query heads of a key/value head share theirs (given once per key/value head)."""
     spec = dict(CASES[case])
     window, sink_tokens = spec.pop("window"), spec.pop("sink_tokens")
     pad, empty = spec.pop("pad", 0), spec.pop("empty", ())
     query, key, value, groups, valid = inputs(**spec, pad=pad, empty=empty)
-    query_groups = None
-    if routing == "query":
+    query_groups = per_query_head = None
+    if routing != "key":
         gen = torch.Generator().manual_seed(11)
-        query_groups = random_groups(spec["b"], spec["h"], spec["length"], spec["num_groups"], spec["top_k"], gen, empty)
+        heads = spec["h"] if routing == "query" else spec["k_heads"]
+        query_groups = random_groups(spec["b"], heads, spec["length"], spec["num_groups"], spec["top_k"], gen, empty)
+        per_query_head = query_groups.repeat_interleave(spec["h"] // heads, dim=1)
     sinks = sink_keys(valid, valid.shape[1], sink_tokens) if sink_tokens else None
-    expected = reference(query, key, value, groups, spec["num_groups"], window, valid, sinks, query_groups=query_groups)
+    expected = reference(query, key, value, groups, spec["num_groups"], window, valid, sinks,
+                         query_groups=per_query_head)
     got = decomposed_hard_attention(query, key, value, groups, window, valid, sinks, backend=backend, block=16,
                                     query_groups=query_groups)
     rows = valid[:, None, :, None].expand_as(got)
@@ -156,7 +159,7 @@ def test_pair_counts_and_theoretical_ratio():
 FAMILY_LENGTH = 40
 
 
-@pytest.mark.parametrize("route_queries", ["key", "query"])
+@pytest.mark.parametrize("route_queries", ["key", "query", "kv_head"])
 @pytest.mark.parametrize("family", ["gpt2", "llama", "mistral", "qwen2", "gemma2", "gemma3"])
 def test_hard_focus_model_logits_equal_the_dense_path(family, route_queries, monkeypatch, one_thread):
     """Whole-sequence forwards go through the decomposition; its logits equal the dense masked path's, with left
@@ -187,7 +190,7 @@ def test_hard_focus_model_logits_equal_the_dense_path(family, route_queries, mon
     assert len(calls) == expected_calls  # layers that decomposed
 
 
-@pytest.mark.parametrize("route_queries", ["key", "query"])
+@pytest.mark.parametrize("route_queries", ["key", "query", "kv_head"])
 def test_generate_after_a_decomposed_prefill_matches_the_dense_path(route_queries, one_thread):
     from focus import FocusConfig, apply_focus
     from focus.models import tiny_model

@@ -114,7 +114,7 @@ def test_spherical_kmeans_with_fewer_points_than_clusters():
     assert not math.isnan(centroids.sum().item())
 
 
-@pytest.mark.parametrize("route_queries", ["query", "key"])
+@pytest.mark.parametrize("route_queries", ["query", "kv_head", "key"])
 @pytest.mark.parametrize("shared", [False, True])
 def test_one_pass_step_routing_equals_routing_keys_and_queries_apart(route_queries, shared):
     """A decoding step routes its new key and its query heads in one call; the groups are those each gets alone, and
@@ -132,7 +132,7 @@ def test_one_pass_step_routing_equals_routing_keys_and_queries_apart(route_queri
         query, key = torch.randn(3, 6, 1, 8, generator=gen), torch.randn(3, 2, 1, 8, generator=gen)
         key_groups, query_groups = step_groups(layer, query, key, torch.tensor([[7]]))
         assert torch.equal(key_groups, cache_key_groups(layer, key))
-        own = (top_k_groups(route_query_heads(layer, query, 2), 2)[:, :, 0] if route_queries == "query"
+        own = (top_k_groups(route_query_heads(layer, query, 2), 2)[:, :, 0] if route_queries != "key"
                else key_groups[:, :, 0].repeat_interleave(3, dim=1))
         assert torch.equal(query_groups, own)
         with torch.no_grad():  # as an optimizer step or load_focus changes them

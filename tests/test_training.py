@@ -22,8 +22,9 @@ from focus.config import ConfigError, FocusConfig
 from focus.retrofit import focus_disabled
 from focus.train.checkpoint import CheckpointError
 from focus.train.config import TrainConfig
-from focus.train.loop import evaluate_loss, train_parameters
+from focus.train.loop import evaluate_loss, next_token_loss, train_parameters
 from focus.train.objective import Objective, focus_objective
+from focus.train.retrieval import retrieval_rows
 
 TESTS_DIR = Path(__file__).resolve().parent
 # Checkpoints at 4 and 8 fall inside logging windows (3, 6, 9), so the window sums must be restored too.
@@ -408,3 +409,44 @@ def test_lr_schedule_warms_up_then_decays_to_the_floor():
     assert config.lr_factor(10) == pytest.approx(0.1)
     assert TrainConfig(steps=5, schedule="constant").lr_factor(4) == 1.0
     assert TrainConfig.from_dict({"lr": 1}).lr == 1.0  # ints coerce to float
+
+
+def test_token_weights_make_the_loss_a_weighted_mean_and_are_part_of_the_data(tmp_path):
+    data = pattern_data()
+    logits = torch.randn(2, data.shape[1], 128)
+    per_token = F.cross_entropy(logits[:, :-1].reshape(-1, 128), data[:2, 1:].reshape(-1), reduction="none")
+    weights = torch.rand(2, data.shape[1])
+    expected = (per_token * weights[:, 1:].reshape(-1)).sum() / weights[:, 1:].sum()
+    torch.testing.assert_close(next_token_loss(logits, data[:2], weights=weights), expected)
+    torch.testing.assert_close(next_token_loss(logits, data[:2], weights=torch.ones(2, data.shape[1])),
+                               next_token_loss(logits, data[:2]))
+
+    config = TrainConfig(steps=2, batch_size=4, checkpoint_every=1)
+    half = torch.ones(data.shape)
+    half[:, : data.shape[1] // 2] = 0.0
+    model = with_trainable_head(tiny_llama())
+    train_parameters(model, data, config.replace(steps=1), tmp_path, token_weights=half, progress=False)
+    with pytest.raises(CheckpointError):  # other weights are other data: no resume onto them
+        train_parameters(model, data, config, tmp_path, token_weights=torch.ones(data.shape), progress=False)
+    with pytest.raises(ValueError, match="token_weights must be floats >= 0 of the data's shape"):
+        train_parameters(model, data, config, tmp_path / "bad", token_weights=-half, progress=False)
+    assert not (tmp_path / "bad").exists()
+
+
+def test_retrieval_rows_ask_back_facts_planted_beyond_the_window(tiny_tokenizer):
+    filler = torch.tensor(tiny_tokenizer("It was the best of times, it was the worst. " * 400).input_ids)
+    rows, weights = retrieval_rows(tiny_tokenizer, filler, count=6, seq_len=900, window=64, facts=3,
+                                   answer_weight=5.0, seed=1)
+    assert rows.shape == weights.shape == (6, 900)
+    for row, weight in zip(rows, weights):
+        answered = (weight == 5.0).nonzero().flatten()
+        spans = torch.tensor_split(answered, (answered.diff() > 1).nonzero().flatten() + 1)
+        assert len(spans) == 3 and set(weight.unique().tolist()) == {1.0, 5.0}
+        for span in spans:  # the answer's tokens stand earlier in the row, more than a window before it
+            key = row[span].tolist()
+            starts = [s for s in range(span[0] - len(key)) if row[s : s + len(key)].tolist() == key]
+            assert starts and span[0] - starts[-1] > 64
+    again, _ = retrieval_rows(tiny_tokenizer, filler, count=6, seq_len=900, window=64, facts=3, seed=1)
+    assert torch.equal(again, rows)  # a row is a function of the seed and its index
+    with pytest.raises(ValueError, match="no room for 3 facts 64 tokens apart"):
+        retrieval_rows(tiny_tokenizer, filler, count=1, seq_len=150, window=64, facts=3)

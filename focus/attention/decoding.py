@@ -315,12 +315,13 @@ that a masked step reads in place: top-2 of 16 groups with 9/3 heads reads 1.125
 was slower at every length to 64K (10.1 ms against 9.2 ms there); top-1 (0.56x) was faster from 4K on."""
 
 
-def sparse_step_pays(num_groups: int, top_k: int, heads: int, k_heads: int, length: int) -> bool:
+def sparse_step_pays(num_groups: int, top_k: int, routing_heads: int, k_heads: int, length: int) -> bool:
     """Whether a decoding step over `length` cached keys should read its groups' keys through the lists (sparse)
-    rather than every key under the hard mask (masked; the same output). With per-query-head routing the `heads`
-    query heads of `k_heads` key/value heads read their groups' keys separately: about heads * top_k / num_groups
-    of the cache's keys (balanced groups), against k_heads for the masked step."""
-    return length >= SPARSE_STEP_MIN_KEYS and SPARSE_KEY_COST * heads * top_k / num_groups < k_heads
+    rather than every key under the hard mask (masked; the same output). Each of the `routing_heads` (the query
+    heads, or the `k_heads` key/value heads when their query heads share groups) reads its groups' keys separately:
+    about routing_heads * top_k / num_groups of the cache's keys (balanced groups), against k_heads for the masked
+    step."""
+    return length >= SPARSE_STEP_MIN_KEYS and SPARSE_KEY_COST * routing_heads * top_k / num_groups < k_heads
 
 
 def masked_decode_attention(
@@ -386,7 +387,8 @@ def sparse_decode_attention(
     Args:
         query: (B, H, 1, D); key, value: (B, K, L, D), the cache with the query's own key last.
         index: the cache's `GroupIndex`, holding all L keys.
-        query_groups: (B, H, top_k) int64, the groups of each query head.
+        query_groups: (B, H, top_k) int64, the groups of each query head; or (B, K, top_k), those of each key/value
+            head, which its query heads share (`route_queries="kv_head"`): their distant keys are then read once.
         key_valid: (B, w) bool, which of the last w = min(window, L) keys are real, or None (all).
     Returns:
         (B, H, 1, D).
@@ -394,35 +396,39 @@ def sparse_decode_attention(
     b, h, _, d = query.shape
     k_heads, length = key.shape[1], key.shape[2]
     r = h // k_heads
+    g = query_groups.shape[1]  # routing rows: H, or K when query heads share their key/value head's groups
     start = max(length - window, 0)  # keys before `start` are distant
     w = length - start
     # A step's arithmetic takes a few hundred microseconds and every op's dispatch a few more: each line below is
     # one bmm, gather or elementwise op on views, with no broadcasting helpers between them.
-    kv_rows = index.query_head_rows(h)  # (B, H) each query head's row of the (B * K) key/value heads
+    kv_rows = index.query_head_rows(g)  # (B, g) each routing row's row of the (B * K) key/value heads
     with record_function("focus/step_select"):
-        positions, drop = _distant_keys(index, query_groups, start, kv_rows)  # (B, H, n)
+        positions, drop = _distant_keys(index, query_groups, start, kv_rows)  # (B, g, n)
     key_rows, span = _as_rows(key)
     value_rows, _ = _as_rows(value)
-    rows = (kv_rows[..., None] * span + positions).view(b * h, -1)  # into key_rows and value_rows
+    rows = (kv_rows[..., None] * span + positions).view(b * g, -1)  # into key_rows and value_rows
     q = query.float() * (d**-0.5 if scaling is None else scaling)
 
     window_keys = key.reshape(b * k_heads, length, d)[:, start:].float()
     near = torch.bmm(q.view(b * k_heads, r, d), window_keys.transpose(1, 2))  # (B*K, R, w)
     if key_valid is not None:
         near.masked_fill_(~key_valid.repeat_interleave(k_heads, dim=0)[:, None], float("-inf"))
-    far_keys = index.scratch.select_rows(key_rows, rows)  # (B*H, n, D), valid until the next call
+    far_keys = index.scratch.select_rows(key_rows, rows)  # (B*g, n, D), valid until the next call
     # (1, D) x (D, n) per head, not (n, D) x (D, 1): the same product, 3x faster as a CPU GEMM.
-    far = torch.bmm(q.view(b * h, 1, d), far_keys.float().transpose(1, 2)).view(b, h, -1)
-    far.masked_fill_(drop, float("-inf"))
-    probs = torch.softmax(torch.cat([near.view(b, h, w), far], dim=-1), dim=-1).to(value.dtype).view(b * h, -1)
+    far = torch.bmm(q.view(b * g, h // g, d), far_keys.float().transpose(1, 2)).view(b, g, h // g, -1)
+    far.masked_fill_(drop[:, :, None], float("-inf"))
+    probs = torch.softmax(torch.cat([near.view(b, h, w), far.view(b, h, -1)], dim=-1), dim=-1).to(value.dtype)
+    probs = probs.view(b * h, -1)
 
     out = torch.bmm(probs[:, :w].reshape(b * k_heads, r, w), value.reshape(b * k_heads, length, d)[:, start:])
     out = out.view(b * h, d)
     n = rows.shape[-1]
     if n:  # one bag of n rows per query head (1-D with offsets: 1.7x faster than 2-D bags here)
+        if g != h:
+            rows = rows.view(b * g, 1, n).expand(-1, h // g, -1)
         offsets = torch.arange(0, b * h * n, n, device=rows.device)
         far_weights = probs[:, w:].reshape(-1)
-        out = out + F.embedding_bag(rows.view(-1), value_rows, offsets, per_sample_weights=far_weights, mode="sum")
+        out = out + F.embedding_bag(rows.reshape(-1), value_rows, offsets, per_sample_weights=far_weights, mode="sum")
     return out.view(b, h, 1, d).to(query.dtype)
 
 

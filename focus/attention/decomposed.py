@@ -97,15 +97,16 @@ def decomposed_hard_attention(
         scaling: softmax scale (default D ** -0.5).
         backend: "flash" or "torch"; default `select_backend`.
         block: query block length of the local part.
-        query_groups: (B, H, L, k) long, each query head's own groups (`route_queries="query"`); None: a query
-            takes its token's key groups, `groups`.
+        query_groups: (B, H, L, k) long, each query head's own groups (`route_queries="query"`), or (B, K, L, k),
+            the groups that the query heads of each key/value head share (`"kv_head"`); None: a query takes its
+            token's key groups, `groups`.
         chunk: queries per kernel row block of the group part when `query_groups` is given ("torch" backend).
 
     Returns:
         (B, H, L, D) in the dtype of `query`; rows of padding queries are zero.
     """
     b, h, length, d = query.shape
-    if query_groups is not None:
+    if query_groups is not None and query_groups.shape[1] != key.shape[1]:
         # Each query head has a pattern of its own: run it as a key/value head of its own, keys repeated.
         repeat = h // key.shape[1]
         key, value, groups = (t.repeat_interleave(repeat, dim=1) for t in (key, value, groups))

@@ -173,8 +173,10 @@ def _hard_attention(
     q_len, k_len = call.query.shape[-2], call.key.shape[-2]
     # A FocusCache's index holds every cached key's groups, assigned once: the whole generation sees one.
     groups = top_k_groups(routed.key_log_assign, config.top_k) if index is None else index.groups(k_len).clamp_min(0)
-    query_groups = top_k_groups(routed.query_log_assign, config.top_k) if config.route_queries == "query" else None
+    query_groups = top_k_groups(routed.query_log_assign, config.top_k) if config.route_queries != "key" else None
     if call.decomposable():
+        if config.route_queries == "kv_head":  # the query heads of a key/value head share its groups: one copy
+            query_groups = query_groups[:, :: call.query.shape[1] // call.key.shape[1]]
         return _decomposed_with_dense_heads(config, call, routed, groups, query_groups)
     allowed = hard_allowed(
         groups[:, :, k_len - q_len :] if query_groups is None else query_groups, groups, config.num_groups,
@@ -195,13 +197,17 @@ def _decoding_step(
     query, key = call.query, call.key
     heads, k_heads, k_len = query.shape[1], key.shape[1], key.shape[2]
     dense = dense_heads(module, k_heads, key.device)
-    if index.key_bits is not None and not sparse_step_pays(config.num_groups, config.top_k, heads, k_heads, k_len):
+    routing_heads = k_heads if config.route_queries == "kv_head" else heads
+    if index.key_bits is not None and not sparse_step_pays(config.num_groups, config.top_k, routing_heads, k_heads,
+                                                           k_len):
         with record_function("focus/masked_step"):
             base_mask = None if call.base_mask is None else call.base_mask[:, :, -1:]
             return masked_decode_attention(query, key, call.value, index, query_groups, config.window, base_mask,
                                            call.scaling, dense)
     window_valid = None if call.base_mask is None else call.base_mask[:, 0, -1, max(k_len - config.window, 0) :]
     with record_function("focus/sparse_step"):
+        if routing_heads != heads:  # the query heads of a key/value head share its groups: read them once
+            query_groups = query_groups[:, :: heads // k_heads]
         out = sparse_decode_attention(query, key, call.value, index, query_groups, config.window, window_valid,
                                       call.scaling)
     return _with_dense_heads(out, call, dense)
@@ -219,12 +225,13 @@ def _decomposed_with_dense_heads(
     r = call.query.shape[1] // call.key.shape[1]
     sparse_kv = (~dense).nonzero().squeeze(1)
     sparse_q = (sparse_kv[:, None] * r + torch.arange(r, device=dense.device)).flatten()
+    per_query_head = query_groups is not None and query_groups.shape[1] == call.query.shape[1]
     out = torch.empty_like(call.query)
     if sparse_kv.numel():
         out[:, sparse_q] = decomposed_hard_attention(
             call.query[:, sparse_q], call.key[:, sparse_kv], call.value[:, sparse_kv], groups[:, sparse_kv],
             config.window, routed.valid, routed.sinks, call.scaling,
-            query_groups=None if query_groups is None else query_groups[:, sparse_q],
+            query_groups=None if query_groups is None else query_groups[:, sparse_q if per_query_head else sparse_kv],
         )
     return _with_dense_heads(out, call, dense)
 

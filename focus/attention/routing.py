@@ -223,7 +223,7 @@ def route_call(
     q_len, k_len = query.shape[-2], key_vectors.shape[-2]
     valid = None if base_mask is None else base_mask.any(dim=-2)[:, 0]
     log_p = route_keys(module, key_vectors, valid)
-    if config.route_queries == "query":
+    if config.route_queries != "key":
         query_vectors = routing_vectors(module, query, positions[:, k_len - q_len :])
         log_p_q = route_query_heads(module, query_vectors, key_vectors.shape[1])
     else:
@@ -278,7 +278,7 @@ def step_groups(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One decoding step's routing in one pass: the groups of the key that just entered the cache (B, K, 1, top_k),
     as `cache_key_groups` routes it, and of the query heads (B, H, top_k), as `route_call` routes queries (their own
-    query vectors under `route_queries="query"`, else the key's groups).
+    query vectors under `route_queries="query"` or `"kv_head"`, else the key's groups).
 
     Keys and query heads are routed as the heads of one call (one rotary undo, one product with the centroids, one
     top-k): a step does this in every layer, so its tensor ops are a cost of their own. Under causal routing both
@@ -291,11 +291,13 @@ def step_groups(
     config = module.focus_config
     b, h = query.shape[:2]
     k_heads = key_vectors.shape[1]
-    by_query = config.route_queries == "query"
+    by_query = config.route_queries != "key"
     centroids, bias = _step_router(module, k_heads, h if by_query else 0)  # (K [+ H], G, D) unit, (K [+ H], G)
     vectors = torch.cat([key_vectors, query], dim=1) if by_query else key_vectors
     logits = torch.einsum("bhld,hgd->bhlg", F.normalize(routing_vectors(module, vectors, position).float(), dim=-1),
                           centroids) / config.temperature
+    if config.route_queries == "kv_head":
+        logits = torch.cat([logits[:, :k_heads], _kv_head_mean(logits[:, k_heads:], k_heads)], dim=1)
     groups = top_k_groups(torch.log_softmax(logits + bias[:, None, :], dim=-1), config.top_k)  # (B, K [+ H], 1, k)
     key_groups = groups[:, :k_heads]
     if by_query:
@@ -329,7 +331,8 @@ def route_query_heads(module: nn.Module, query: torch.Tensor, k_heads: int) -> t
 
     A plain softmax over groups, in training as at inference: a query's groups depend on that query alone (causal,
     stateless in decoding), and balance is the keys' business (their groups set how many keys each query reads).
-    The query is detached, as the keys are: gradients reach the centroids only.
+    The query is detached, as the keys are: gradients reach the centroids only. Under `route_queries="kv_head"`
+    the R query heads of a key/value head share the softmax of their mean logits (the same row R times).
 
     Args:
         query: (B, H, Q, D), H = K * R.
@@ -338,7 +341,16 @@ def route_query_heads(module: nn.Module, query: torch.Tensor, k_heads: int) -> t
     if centroids.shape[0] == k_heads and k_heads > 1:
         centroids = centroids.repeat_interleave(query.shape[1] // k_heads, dim=0)  # (H, G, D)
     logits = routing_logits(query.detach(), centroids, module.focus_config.temperature)
+    if module.focus_config.route_queries == "kv_head":
+        logits = _kv_head_mean(logits, k_heads)
     return torch.log_softmax(logits, dim=-1)
+
+
+def _kv_head_mean(logits: torch.Tensor, k_heads: int) -> torch.Tensor:
+    """(B, H, Q, G) query-head logits -> each key/value head's mean over its R = H / K query heads, repeated R times."""
+    b, h = logits.shape[:2]
+    shared = logits.view(b, k_heads, h // k_heads, *logits.shape[2:]).mean(dim=2, keepdim=True)
+    return shared.expand(-1, -1, h // k_heads, *logits.shape[2:]).reshape(logits.shape)
 
 
 def layer_routing_logits(module: nn.Module, vectors: torch.Tensor) -> torch.Tensor:

@@ -23,6 +23,7 @@ from focus.train.checkpoint import CHECKPOINT_NAME, CheckpointError
 from focus.train.config import TrainConfig
 from focus.train.loop import METRICS_NAME, train_parameters
 from focus.train.objective import focus_objective
+from focus.train.retrieval import retrieval_rows
 
 _log = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -53,7 +54,8 @@ class TrainingJob:
     The train split of `tokens` (a `prepare_tokens` file) is cut into rows of `seq_len` tokens. The first
     `calibration_rows` initialise the Focus centroids by k-means and no method trains on them, so that every method
     trains on identical batches; then at most `train_rows` rows (None: all) are trained on. The first `eval_rows`
-    rows of the validation split are scored during training. `train` is how it trains; `metrics` (JSON lines) and
+    rows of the validation split are scored during training. A `retrieval_share` > 0 of the trained rows are synthetic
+    retrieval rows (`with_retrieval_rows`), their answers weighed `retrieval_weight` in the loss. `train` is how it trains; `metrics` (JSON lines) and
     `summary` (JSON) are the job's records, which `finish` mirrors to W&B where `wandb` says.
     """
 
@@ -65,6 +67,8 @@ class TrainingJob:
     calibration_rows: int = 8
     train_rows: int | None = None
     eval_rows: int = 0
+    retrieval_share: float = 0.0
+    retrieval_weight: float = 20.0
     progress: bool = True
     wandb: WandbTarget | None = None
 
@@ -103,13 +107,26 @@ class TrainingJob:
         trained = rows[self.calibration_rows :]
         return rows[: self.calibration_rows], trained[: self.train_rows] if self.train_rows else trained, eval_data
 
+    def with_retrieval_rows(self, rows: torch.Tensor, tokenizer, window: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(`rows` and the retrieval rows after them, their token weights or None): `retrieval_share` of the result
+        is retrieval rows (`focus.train.retrieval`), cut from the train split with answers beyond `window`."""
+        if not self.retrieval_share:
+            return rows, None
+        if not 0 < self.retrieval_share < 1:
+            raise ValueError(f"retrieval_share must be in [0, 1), got {self.retrieval_share}")
+        count = max(1, round(rows.shape[0] * self.retrieval_share / (1 - self.retrieval_share)))
+        extra, weights = retrieval_rows(tokenizer, read_tokens(self.tokens, "train").long(), count, self.seq_len,
+                                        window, answer_weight=self.retrieval_weight)
+        weights = torch.cat([torch.ones(rows.shape, dtype=weights.dtype), weights])
+        return torch.cat([rows, extra.to(rows.dtype)]), weights
+
     @property
     def run_dir(self) -> Path:
         """Where the job checkpoints: beside its outputs, undeclared, so a killed job's state survives."""
         return Path(self.metrics).parent / "run"
 
     def run(self, model: torch.nn.Module, rows: torch.Tensor, eval_data: torch.Tensor | None,
-            config: TrainConfig | None = None) -> dict:
+            config: TrainConfig | None = None, token_weights: torch.Tensor | None = None) -> dict:
         """`train_parameters` (with the job's TrainConfig unless `config` is given) in `run_dir`, then copy its
         metrics to the job's `metrics`.
 
@@ -122,7 +139,7 @@ class TrainingJob:
         tic = time.perf_counter()
         try:
             final = train_parameters(model, rows, config, self.run_dir, eval_data=eval_data, objective=objective,
-                                     progress=self.progress)
+                                     progress=self.progress, token_weights=token_weights)
         except CheckpointError as err:
             _log.warning("discarding the checkpoint in %s (%s); training from step 0", self.run_dir, err)
             barrier()  # every process has read (and refused) the checkpoint before it goes
@@ -131,7 +148,7 @@ class TrainingJob:
             barrier()
             resumed = False
             final = train_parameters(model, rows, config, self.run_dir, eval_data=eval_data, objective=objective,
-                                     progress=self.progress)
+                                     progress=self.progress, token_weights=token_weights)
         seconds = time.perf_counter() - tic
         if is_main_process():
             Path(self.metrics).parent.mkdir(parents=True, exist_ok=True)

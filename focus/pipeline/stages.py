@@ -96,9 +96,10 @@ def train_focus(
     if processes > 1:
         return run_on_processes(train_focus, processes, **{**locals(), "processes": 1})  # locals(): the arguments
     with torchrun_process_group() as world:
-        model, _ = _load_for_training(source, dtype, world)
+        model, tokenizer = _load_for_training(source, dtype, world)
         calibration, rows, eval_data = job.rows()
         config = FocusConfig.from_dict(focus)
+        rows, weights = job.with_retrieval_rows(rows, tokenizer, config.window)
         apply_focus(model, config, init_centroids=False)
         if world > 1:
             shard_model(model)
@@ -109,7 +110,7 @@ def train_focus(
         # The validation curve in the mode the objective trains for: the others than the soft gate's train the hard one.
         eval_mode = config.mode if config.objective == "language_model" else "hard"
         set_focus_mode(model, eval_mode, window=config.window)
-        record = job.run(model, rows, eval_data)
+        record = job.run(model, rows, eval_data, token_weights=weights)
         set_focus_mode(model, config.mode, window=config.window)
         save_focus(model, adapter_dir, base_model=source)
         record.update(focus_config=to_dict(config), trainable_parameters=focus_parameter_count(model),

@@ -62,13 +62,16 @@ _log = logging.getLogger(__name__)
 METRICS_NAME = "metrics.jsonl"
 
 
-def next_token_loss(logits: torch.Tensor, input_ids: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+def next_token_loss(
+    logits: torch.Tensor, input_ids: torch.Tensor, reduction: str = "mean", weights: torch.Tensor | None = None
+) -> torch.Tensor:
     """Next-token cross-entropy in float32.
 
     Args:
         logits: (B, L, V) model outputs for `input_ids`.
         input_ids: (B, L) tokens; position t predicts token t + 1, so B * (L - 1) tokens are scored.
-        reduction: "mean" (per scored token) or "sum".
+        reduction: "mean" (per scored token, or weighted mean) or "sum".
+        weights: optional (B, L) weight of predicting each token (column 0 is never predicted).
     Returns:
         A scalar tensor.
     """
@@ -76,7 +79,11 @@ def next_token_loss(logits: torch.Tensor, input_ids: torch.Tensor, reduction: st
     # float32 so a bf16 model's loss (a log-sum-exp over the vocabulary) is not rounded to 3 digits.
     shifted = logits[:, :-1].float().reshape(-1, vocab)  # (B * (L - 1), V)
     targets = input_ids[:, 1:].reshape(-1).long()  # (B * (L - 1),); cross_entropy wants int64
-    return F.cross_entropy(shifted, targets, reduction=reduction)
+    if weights is None:
+        return F.cross_entropy(shifted, targets, reduction=reduction)
+    weights = weights[:, 1:].reshape(-1).to(shifted.device, torch.float32)
+    total = (F.cross_entropy(shifted, targets, reduction="none") * weights).sum()
+    return total / weights.sum() if reduction == "mean" else total
 
 
 @torch.no_grad()
@@ -123,6 +130,7 @@ def train_parameters(
     objective: Objective | None = None,
     progress: bool = True,
     on_log: Callable[[dict[str, Any]], None] | None = None,
+    token_weights: torch.Tensor | None = None,
 ) -> dict[str, Any]:
     """Train the parameters of `model` that require grad (the Focus centroids, LoRA adapters, or every weight); resume from `output_dir` if it holds a checkpoint.
 
@@ -147,6 +155,8 @@ def train_parameters(
         progress: show a tqdm bar with the loss.
         on_log: optional callback given each record right after it is appended to `metrics.jsonl`
             (to mirror the record elsewhere, such as W&B).
+        token_weights: optional (N, L) weight of predicting each token of `data` (`next_token_loss`): a batch's
+            next-token loss is then its weighted mean (for example answers weighed up in retrieval rows).
     Returns:
         The record of the final step: `step`, `train/loss` (mean over the steps since the previous
         train line), `train/lr` (used by this step), `train/grad_norm` (before clipping of this step),
@@ -159,7 +169,7 @@ def train_parameters(
         CheckpointError: `output_dir/checkpoint.pt` was written for other parameters, data, TrainConfig or
             FocusConfig.
     """
-    run = _set_up(model, data, config, eval_data)
+    run = _set_up(model, data, config, eval_data, token_weights)
     objective = objective or Objective()
     output_dir = Path(output_dir)
     checkpoint = output_dir / CHECKPOINT_NAME
@@ -195,7 +205,8 @@ def train_parameters(
         for step in range(start_step + 1, config.steps + 1):
             batch = batches.rows(step)[rank::world]  # (B / world, L): this process's share of the batch
             lr = run.optimizer.param_groups[0]["lr"]
-            ce, terms, grad_norm = _optimizer_step(model, data[batch].to(device), run, config, objective)
+            weights = None if token_weights is None else token_weights[batch]
+            ce, terms, grad_norm = _optimizer_step(model, data[batch].to(device), run, config, objective, weights)
             window.add(ce, terms)
             bar.update(1)
 
@@ -261,6 +272,7 @@ def _set_up(
     data: torch.Tensor,
     config: TrainConfig,
     eval_data: torch.Tensor | None,
+    token_weights: torch.Tensor | None = None,
 ) -> _Run:
     if not isinstance(config, TrainConfig):
         raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
@@ -272,6 +284,13 @@ def _set_up(
             "model has no parameters with requires_grad=True to train; call focus.apply_focus(model, ...) first"
         )
     _check_tokens("data", data, model, min_rows=config.batch_size)
+    fingerprint = data_fingerprint(data)
+    if token_weights is not None:
+        if token_weights.shape != data.shape or not token_weights.is_floating_point() or not bool(
+                (token_weights >= 0).all()):
+            raise ValueError(f"token_weights must be floats >= 0 of the data's shape {tuple(data.shape)}, got "
+                             f"{token_weights.dtype} of shape {tuple(token_weights.shape)}")
+        fingerprint = data_fingerprint(torch.cat([data.double(), token_weights.double()]))
     if eval_data is not None:
         _check_tokens("eval_data", eval_data, model, min_rows=1)
     world = rank_and_world()[1]
@@ -286,7 +305,7 @@ def _set_up(
     focus = None
     if has_focus(model):  # the mode is not a setting of the run: the objective switches it
         focus = {key: value for key, value in to_dict(focus_config(model)).items() if key != "mode"}
-    return _Run(trainable, buffers, optimizer, scheduler, data_fingerprint(data), focus)
+    return _Run(trainable, buffers, optimizer, scheduler, fingerprint, focus)
 
 
 class _Batches:
@@ -329,6 +348,7 @@ def _optimizer_step(
     run: _Run,
     config: TrainConfig,
     objective: Objective,
+    weights: torch.Tensor | None = None,
 ) -> tuple[float, dict[str, float], torch.Tensor]:
     """One AdamW step (and schedule step) on `batch` (B, L) minimising `objective`; returns (cross-entropy, each
     term's unweighted value, pre-clip grad norm).
@@ -338,7 +358,7 @@ def _optimizer_step(
     averaged here), which makes it the global batch's, and its norm (for clipping) the global norm.
     """
     logits = model(input_ids=batch, use_cache=False).logits  # (B, L, V)
-    ce = next_token_loss(logits, batch)
+    ce = next_token_loss(logits, batch, weights=weights)
     loss = objective.next_token_weight * ce if objective.next_token_weight else 0.0
     terms = {}
     for name, (weight, term) in objective.terms.items():
