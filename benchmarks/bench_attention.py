@@ -21,7 +21,7 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192, 16384, 32768, 65536])
     parser.add_argument("--settings", nargs="+", default=["16:256:1", "16:256:2", "32:512:1"],
                         help="groups:window:top_k per Focus setting")
-    parser.add_argument("--routings", nargs="+", default=["key", "query"], choices=["key", "query"],
+    parser.add_argument("--routings", nargs="+", default=["key", "query"], choices=["key", "query", "kv_head"],
                         help="query routings timed (FocusConfig.route_queries)")
     parser.add_argument("--heads", type=int, default=1)
     parser.add_argument("--head-dim", type=int, default=64)

@@ -23,6 +23,8 @@ def main() -> None:
     parser.add_argument("--cache-lengths", type=int, nargs="+", default=[4096, 8192, 16384, 32768, 65536])
     parser.add_argument("--settings", nargs="+", default=["16:256:1", "16:256:2"], help="groups:window:top_k")
     parser.add_argument("--head-layouts", nargs="+", default=["1:1", "9:3"], help="query heads:key/value heads")
+    parser.add_argument("--routings", nargs="+", default=["query"], choices=["query", "kv_head"],
+                        help="one-layer rows: query heads route apart (query) or per key/value head (kv_head)")
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
@@ -44,7 +46,7 @@ def main() -> None:
         "head_layouts": parse_settings(args.head_layouts, "query heads:key/value heads"),
         "head_dim": args.head_dim, "dtype": args.dtype, "repeats": args.repeats, "prompt_lengths": args.prompt_lengths,
         "generate_settings": parse_settings(args.generate_settings), "new_tokens": args.new_tokens,
-        "adapter": args.adapter, "text": args.text,
+        "adapter": args.adapter, "text": args.text, "routings": args.routings,
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

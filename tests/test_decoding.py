@@ -242,15 +242,19 @@ def test_generate_through_a_focus_cache_on_smollm2_is_the_dense_pattern(smollm2,
 def test_decode_step_rows_time_both_sides_and_count_the_keys_a_step_reads():
     from focus.eval.decode_speed import decode_step_rows
 
-    rows = decode_step_rows([2048], [(8, 64, 1), (8, 64, 2)], [(4, 2)], head_dim=16, repeats=2, progress=lambda _: None)
-    assert [(row["top_k"], row["cache"]) for row in rows] == [(1, 2048), (2, 2048)]
+    rows = decode_step_rows([2048], [(8, 64, 1), (8, 64, 2)], [(4, 2)], head_dim=16, repeats=2, progress=lambda _: None,
+                            routings=("query", "kv_head"))
+    assert [(row["top_k"], row["routing"]) for row in rows] == [(1, "query"), (1, "kv_head"), (2, "query"),
+                                                                (2, "kv_head")]
     for row in rows:
         assert row["speedup"] == pytest.approx(row["full_s"] / row["focus_s"])
         # a step reads the window and the distant keys sharing a group with it: all but C(G - k, k) / C(G, k) of them
         k = row["top_k"]
         expected_read = 64 + (2048 - 64) * (1 - math.comb(8 - k, k) / math.comb(8, k))
         assert row["pair_limit"] == pytest.approx(2048 / expected_read, rel=0.15)
-        assert row["read_limit"] == pytest.approx(row["pair_limit"] * 2 / 4)  # 4 query heads read, 2 kv heads shared
+        # 4 query heads read their own keys, 2 kv heads' worth shared; or, routed per kv head, the kv heads read theirs
+        readers = 4 if row["routing"] == "query" else 2
+        assert row["read_limit"] == pytest.approx(row["pair_limit"] * 2 / readers)
         assert row["index_share"] < 0.05 * 4  # head size 16 here: the index weighs 4x more against the cache
 
 

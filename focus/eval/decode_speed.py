@@ -29,42 +29,47 @@ def decode_step_rows(
     repeats: int = 5,
     sink_tokens: int = 1,
     progress: Callable[[str], None] = print,
+    routings: tuple[str, ...] = ("query",),
 ) -> list[dict]:
-    """One row per (cache length, (groups, window, top_k), (query heads, key/value heads)): the median seconds of one
-    decoding step, full SDPA over the cache against the sparse step and the masked step (taking turns), their ratios,
-    the pair-count limit
-    (cached keys over keys a query head reads), the read limit (key/value rows each side reads) and the index's size
-    against the cache's. Groups are random and balanced, as trained groups are in expectation."""
+    """One row per (cache length, (groups, window, top_k), (query heads, key/value heads), routing): the median seconds
+    of one decoding step, full SDPA over the cache against the sparse step and the masked step (taking turns), their
+    ratios, the pair-count limit (cached keys over keys a query head reads), the read limit (key/value rows each side
+    reads) and the index's size against the cache's. Groups are random and balanced, as trained groups are in
+    expectation. Routing "query": each query head has groups of its own; "kv_head": the query heads of a key/value
+    head share theirs (`FocusConfig.route_queries`), so the sparse step reads them once."""
     device = torch.device(device)
     rows = []
     for length, (heads, k_heads) in ((n, layout) for n in cache_lengths for layout in head_layouts):
         gen = torch.Generator().manual_seed(length)
         q = torch.randn(1, heads, 1, head_dim, generator=gen).to(device, dtype)
         key, value = (torch.randn(1, k_heads, length, head_dim, generator=gen).to(device, dtype) for _ in range(2))
-        for num_groups, window, top_k in settings:
+        for (num_groups, window, top_k), routing in ((s, r) for s in settings for r in routings):
             index = GroupIndex(1, k_heads, num_groups, top_k, sink_tokens, device)
             index.extend(balanced_groups(length, num_groups, top_k, k_heads).to(device), None)
-            query_groups = balanced_groups(1, num_groups, top_k, heads, seed=1)[:, :, 0].to(device)  # (1, H, top_k)
+            routed = heads if routing == "query" else k_heads
+            step_groups = balanced_groups(1, num_groups, top_k, routed, seed=1)[:, :, 0].to(device)  # (1, H or K, k)
+            query_groups = step_groups.repeat_interleave(heads // routed, dim=1)  # (1, H, top_k)
             full_s, focus_s, masked_s = interleaved_seconds([
                 lambda: F.scaled_dot_product_attention(q, key, value, enable_gqa=True),
-                lambda: sparse_decode_attention(q, key, value, index, query_groups, window, None, None),
+                lambda: sparse_decode_attention(q, key, value, index, step_groups, window, None, None),
                 lambda: masked_decode_attention(q, key, value, index, query_groups, window, None, None),
             ], repeats, device)
             read = keys_read(index, query_groups, window, length)
             row = {
                 "cache": length, "heads": heads, "kv_heads": k_heads, "head_dim": head_dim,
                 "dtype": str(dtype).removeprefix("torch."), "groups": num_groups, "window": window, "top_k": top_k,
+                "routing": routing,
                 "full_s": full_s, "focus_s": focus_s, "speedup": full_s / focus_s,
                 # The same step under the hard mask over every key (what FocusCache runs where lists do not pay).
                 "masked_s": masked_s, "masked_speedup": full_s / masked_s, "pair_limit": length / read,
                 # Full attention reads each key/value head's rows once for its query heads; the sparse step reads
-                # each query head's own rows: with grouped-query attention, the bound the bytes set.
-                "read_limit": k_heads * length / (heads * read),
+                # each routing head's own rows: with grouped-query attention, the bound the bytes set.
+                "read_limit": k_heads * length / (routed * read),
                 "index_share": index_share(index, key, value),
             }
             row["of_limit"] = row["speedup"] / row["pair_limit"]
             rows.append(row)
-            progress(f"cache={length:>6} H={heads}/{k_heads} G={num_groups} w={window} k={top_k}: full "
+            progress(f"cache={length:>6} H={heads}/{k_heads} G={num_groups} w={window} k={top_k} {routing}: full "
                      f"{full_s * 1e3:.2f} ms focus {focus_s * 1e3:.2f} ms -> {row['speedup']:.2f}x "
                      f"(pairs {row['pair_limit']:.2f}x)")
     return rows

@@ -127,7 +127,8 @@ def prefill_rows(
 ) -> list[dict]:
     """Whole-prompt forward of `model` (random token ids, no KV cache, logits of the last token only):
     unmodified against Focus hard top-k for each (groups, window, top_k) and routing: "key" is the old default
-    (`route_queries="key"`, rotary kept), "query" today's (`route_queries="query"`, rotary undone). Focus is
+    (`route_queries="key"`, rotary kept), "query" today's (`route_queries="query"`, rotary undone), "kv_head" the
+    query heads of a key/value head routed together (rotary undone). Focus is
     applied with random-token k-means centroids (speed does not depend on training) and removed again afterwards."""
     from focus.config import FocusConfig
     from focus.retrofit import apply_focus, remove_focus
@@ -150,7 +151,7 @@ def prefill_rows(
         base_s, base_mem = median_seconds(forward, repeats, device)
         for (num_groups, window, top_k), routing in itertools.product(focus_settings, routings):
             config = FocusConfig(num_groups=num_groups, window=window, top_k=top_k, mode="hard", route_queries=routing,
-                                 unrotate=routing == "query")
+                                 unrotate=routing != "key")
             apply_focus(model, config, calibration_ids=ids[:, :512])
             try:
                 focus_s, focus_mem = median_seconds(forward, repeats, device)

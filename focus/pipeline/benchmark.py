@@ -31,7 +31,9 @@ def run_benchmark(
     routings = tuple(settings.get("routings", ["key", "query"]))
     attention = attention_rows(
         settings["lengths"], [tuple(s) for s in settings["settings"]], settings.get("heads", 1),
-        settings.get("head_dim", 64), dtype, device, settings.get("repeats", 3), routings=routings,
+        settings.get("head_dim", 64), dtype, device, settings.get("repeats", 3),
+        # One query head per key/value head there: kv_head routing is query routing.
+        routings=tuple(r for r in routings if r != "kv_head") or ("query",),
     )
     prefill = []
     if model_source:
@@ -55,7 +57,7 @@ def run_decode_benchmark(
     steps = decode_step_rows(
         settings["cache_lengths"], [tuple(s) for s in settings["settings"]],
         [tuple(layout) for layout in settings.get("head_layouts", [[1, 1], [9, 3]])], settings.get("head_dim", 64),
-        dtype, device, settings.get("repeats", 5),
+        dtype, device, settings.get("repeats", 5), routings=tuple(settings.get("routings", ["query"])),
     )
     generated = []
     if model_source:
@@ -81,10 +83,13 @@ def plot_decode_speedup(step_csv: str | Path, figure: str | Path, machine: str =
     plt = pyplot()
     frame = pd.read_csv(step_csv)
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    lines = frame.groupby(["heads", "kv_heads", "groups", "window", "top_k"])
-    for (heads, k_heads, groups, window, top_k), part in lines:
+    if "routing" not in frame:  # tables written before routing was a column
+        frame["routing"] = "query"
+    lines = frame.groupby(["heads", "kv_heads", "groups", "window", "top_k", "routing"])
+    for (heads, k_heads, groups, window, top_k, routing), part in lines:
+        shared = " shared" if routing == "kv_head" else ""
         (line,) = ax.plot(part["cache"], part["speedup"], marker="o",
-                          label=f"H={heads}/{k_heads} G={groups} w={window} top-{top_k}")
+                          label=f"H={heads}/{k_heads} G={groups} w={window} top-{top_k}{shared}")
         ax.plot(part["cache"], part["pair_limit"], linestyle="--", color=line.get_color(), alpha=0.7)
         if heads != k_heads and "read_limit" in part:
             ax.plot(part["cache"], part["read_limit"], linestyle=":", color=line.get_color(), alpha=0.7)
