@@ -70,10 +70,9 @@ class GroupIndex:
         self.sinks = torch.full((batch, sink_tokens), -1, dtype=torch.int64, device=device)
         self._real = torch.zeros(batch, dtype=torch.int64, device=device)  # real keys seen per row (until sinks found)
         self._sinks_found = sink_tokens == 0
-        self._sink_ends: list[int] | None = None
         self._query_head_rows: torch.Tensor | None = None
-        # Each key's groups as bits (bit g for group g; 0 for padding) where they fit: a masked step's mask is one
-        # AND per key. The group lists are brought up to date only when a sparse step reads them (`listed`).
+        # Each key's groups as bits (bit g for group g; 0 for padding, all bits for a sink) where they fit: a masked
+        # step's mask is one AND per key. The group lists are brought up to date only when a sparse step reads them (`listed`).
         self.key_bits = (torch.zeros(batch, k_heads, 0, dtype=torch.int64, device=device)
                          if num_groups <= BIT_GROUPS else None)
         self.listed = 0
@@ -100,6 +99,8 @@ class GroupIndex:
         is_sink = valid & (order <= self.sinks.shape[1])
         rows, cols = is_sink.nonzero(as_tuple=True)
         self.sinks[rows, order[rows, cols] - 1] = start + cols
+        if self.key_bits is not None:  # a sink is in every group: every bit set, so a masked step needs no sink rule
+            self.key_bits[rows, :, start + cols] = -1
         self._real += valid.sum(dim=1)
         self._sinks_found = bool((self._real >= self.sinks.shape[1]).all())
         self.length = start + n
@@ -169,15 +170,6 @@ class GroupIndex:
             return torch.full(self.sinks.shape[:1], -1, dtype=torch.int64, device=self.sinks.device)
         return self.sinks.amax(dim=1)
 
-    def sink_ends(self) -> list[int]:
-        """Each row's last sink position (-1 before any), as Python ints: kept once every row has found its sinks."""
-        ends = self._sink_ends
-        if ends is None:
-            ends = self.sink_last.tolist()
-            if self._sinks_found:
-                self._sink_ends = ends
-        return ends
-
     def groups(self, length: int | None = None) -> torch.Tensor:
         """(B, K, L, top_k) int64 group ids of the first `length` indexed keys (padding keys: -1)."""
         return self.key_groups[:, :, : self.length if length is None else length].long()
@@ -206,7 +198,7 @@ class GroupIndex:
         self.pages = torch.cat([self.pages[:1], self.pages.index_select(0, table[live].long())])
         table[live] = torch.arange(1, self.pages.shape[0], dtype=torch.int32, device=table.device)
         self.used_pages = self.pages.shape[0]
-        self._query_head_rows = self._sink_ends = None
+        self._query_head_rows = None
 
     def nbytes(self) -> int:
         """Bytes the index holds (allocated, growth headroom included)."""
@@ -351,20 +343,32 @@ def masked_decode_attention(
     k_heads, length = key.shape[1], key.shape[2]
     query_bits = (1 << query_groups).sum(dim=-1)  # (B, H): distinct groups, so the sum is the OR
     allowed = (index.key_bits[:, :, None, :length] & query_bits.view(b, k_heads, h // k_heads, 1)) != 0  # B,K,R,L
-    allowed[..., max(length - window, 0) :] = True
-    for row, last in enumerate(index.sink_ends()):  # a real key is a sink exactly when its position is <= last
-        allowed[row, ..., : last + 1] = True
+    allowed[..., max(length - window, 0) :] = True  # the sinks have every bit (`GroupIndex.key_bits`)
     if dense is not None:
         allowed[:, dense] = True
     if base_mask is not None:
         allowed &= base_mask.view(b, 1, 1, length)
     # An additive mask: SDPA would convert a boolean one at every call. -inf is safe: the own key is always allowed
     # (window >= 1, or key routing, where the query holds its own key's groups).
-    mask = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device).masked_fill_(~allowed, float("-inf"))
+    zero, blocked = _mask_values(query.dtype, query.device)
+    mask = torch.where(allowed, zero, blocked)
     # The R query heads of a key/value head as R queries of it: keys and values are read once, not copied per head.
     out = F.scaled_dot_product_attention(query.view(b, k_heads, h // k_heads, d), key, value, attn_mask=mask,
                                          scale=scaling)
     return out.view(b, h, 1, d)
+
+
+_MASK_VALUES: dict = {}
+
+
+def _mask_values(dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """0 and -inf as 0-d tensors of `dtype` on `device`, made once: `torch.where` with Python scalars would wrap them
+    into fresh tensors at every step of every layer."""
+    key = (dtype, device)
+    if key not in _MASK_VALUES:
+        _MASK_VALUES[key] = (torch.zeros((), dtype=dtype, device=device),
+                             torch.full((), float("-inf"), dtype=dtype, device=device))
+    return _MASK_VALUES[key]
 
 
 def sparse_decode_attention(

@@ -109,22 +109,23 @@ def _attend(module, query, key, value, attention_mask, scaling, dropout, softcap
     base_mask = None if attention_mask is None else attention_mask[..., :k_len]
     call = AttentionCall(query, key, value, base_mask, scaling, dropout, softcap, kwargs.get("sliding_window"))
     trace = getattr(module, TRACE_ATTRIBUTE, None)
-    positions = key_positions(kwargs.get("position_ids"), k_len, key.device)
     index = take_cache_index(module)  # a FocusCache's group index of this layer's cached keys, or None
     if index is not None:
         past = k_len - q_len
         arrived = (key if config.route_on == "key" else value)[:, :, past:]
+        arrived_positions = key_positions(kwargs.get("position_ids"), k_len, key.device, first=past)
         valid = None if base_mask is None else base_mask.any(dim=-2)[:, 0, past:]
         step = (q_len == 1 and config.mode == "hard" and trace is None and config.window < k_len
                 and call.fast_path_applies())
         with record_function("focus/index_new_keys"):  # labels for torch.profiler (benchmarks/profile_focus.py)
             if step:  # the new key and the query heads routed in one pass
-                key_groups, query_groups = step_groups(module, query, arrived, positions[:, past:])
+                key_groups, query_groups = step_groups(module, query, arrived, arrived_positions)
             else:
-                key_groups = cache_key_groups(module, routing_vectors(module, arrived, positions[:, past:]))
+                key_groups = cache_key_groups(module, routing_vectors(module, arrived, arrived_positions))
             index_new_keys(index, key_groups, past, valid)
         if step:
             return _decoding_step(module, call, index, query_groups)
+    positions = key_positions(kwargs.get("position_ids"), k_len, key.device)
     if config.window >= k_len and trace is None:
         return call.unmodified()  # every pair the model allows is local: Focus is the model's own attention
     key_vectors = routing_vectors(module, key if config.route_on == "key" else value, positions)

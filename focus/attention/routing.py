@@ -367,11 +367,12 @@ def routing_vectors(module: nn.Module, vectors: torch.Tensor, positions: torch.T
     return undo_rotary(vectors, positions, inv_freq)
 
 
-def key_positions(position_ids: torch.Tensor | None, k_len: int, device: torch.device) -> torch.Tensor:
-    """(B or 1, L) positions of the keys. The queries are the last keys, and positions run on by one per key: true
-    of a whole sequence, of a KV cache, and of left padding as generate() numbers it (padding keys, numbered
-    otherwise, are never in a pair). So the positions of a cache follow from the queries' alone: no state."""
-    steps = torch.arange(k_len, device=device)[None]
+def key_positions(position_ids: torch.Tensor | None, k_len: int, device: torch.device, first: int = 0) -> torch.Tensor:
+    """(B or 1, L - first) positions of the keys from the `first`-th on. The queries are the last keys, and positions
+    run on by one per key: true of a whole sequence, of a KV cache, and of left padding as generate() numbers it
+    (padding keys, numbered otherwise, are never in a pair). So the positions of a cache follow from the queries'
+    alone: no state."""
+    steps = torch.arange(first, k_len, device=device)[None]
     if position_ids is None:
         return steps
     return position_ids[:, -1:].to(device) - (k_len - 1) + steps
