@@ -72,7 +72,8 @@ class GroupIndex:
         self._sinks_found = sink_tokens == 0
         self._query_head_rows: torch.Tensor | None = None
         # Each key's groups as bits (bit g for group g; 0 for padding, all bits for a sink) where they fit: a masked
-        # step's mask is one AND per key. The group lists are brought up to date only when a sparse step reads them (`listed`).
+        # step's mask is one AND per key. The group lists are brought up to date only when a sparse step reads them
+        # (`listed`).
         self.key_bits = (torch.zeros(batch, k_heads, 0, dtype=torch.int64, device=device)
                          if num_groups <= BIT_GROUPS else None)
         self.listed = 0
