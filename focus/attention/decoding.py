@@ -18,6 +18,8 @@ The pattern is the dense reference's (`focus.attention.reference.hard_allowed`):
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -296,25 +298,30 @@ def index_new_keys(index: GroupIndex, groups: torch.Tensor, past: int, valid: to
     index.extend(groups, valid)
 
 
-SPARSE_STEP_MIN_KEYS = 4096
-"""Below this many cached keys a decoding step attends under the hard mask (`masked_decode_attention`): reading
-through the group lists pays only once the keys it skips outweigh its fixed cost. Measured on 2 CPU cores, one
-SmolLM2-shaped layer (9/3 heads), 16 groups, top-1: the sparse step 0.32 ms against the masked 0.18 ms at 1K keys,
-0.42 against 0.48 at 4K, 1.38 against 2.40 at 16K (`benchmarks/results/decode_step_trained_fp32.md`)."""
-
 SPARSE_KEY_COST = 3.0
 """A key a sparse step reads (gathered, scored by a small GEMM, its value summed by a bag) costs about this many keys
-that a masked step reads in place: top-2 of 16 groups with 9/3 heads reads 1.125x the masked step's keys per step and
-was slower at every length to 64K (10.1 ms against 9.2 ms there); top-1 (0.56x) was faster from 4K on."""
+that a masked step reads in place: top-2 of 16 groups with 9 query heads routed apart on 3 key/value heads reads
+2.2x the masked step's keys per step and was slower at every length to 64K (9.2 ms against 8.9 ms there); routed per
+key/value head it reads 0.73x and is faster from 16K on (`benchmarks/results/decode_step_kvhead_fp32.md`)."""
+
+SPARSE_STEP_FIXED_KEYS = 2800
+"""The fixed cost of a sparse step (selecting its keys through the group lists, keeping the lists up to date), in keys
+a masked step reads in place: the sparse step pays once the keys it skips outweigh it. Fitted on 2 CPU cores, one
+SmolLM2-shaped layer (9/3 heads), 16 groups, window 64, float32: top-1 routed per query head is as fast either way at
+4K (0.42 ms), top-2 routed per key/value head 0.68 against 0.44 ms at 4K and 1.86 against 2.16 ms at 16K."""
 
 
 def sparse_step_pays(num_groups: int, top_k: int, routing_heads: int, k_heads: int, length: int) -> bool:
     """Whether a decoding step over `length` cached keys should read its groups' keys through the lists (sparse)
-    rather than every key under the hard mask (masked; the same output). Each of the `routing_heads` (the query
-    heads, or the `k_heads` key/value heads when their query heads share groups) reads its groups' keys separately:
-    about routing_heads * top_k / num_groups of the cache's keys (balanced groups), against k_heads for the masked
-    step."""
-    return length >= SPARSE_STEP_MIN_KEYS and SPARSE_KEY_COST * routing_heads * top_k / num_groups < k_heads
+    rather than every key under the hard mask (masked; the same output).
+
+    Each of the `routing_heads` (the query heads, or the `k_heads` key/value heads when their query heads share
+    groups) reads the distant keys sharing a group with its own: with balanced groups, a share 1 - C(G - k, k) / C(G, k)
+    of them (top-k of G groups on both sides). Counted at `SPARSE_KEY_COST` each, against the masked step's
+    `k_heads` reads of every key, plus the sparse step's fixed cost (`SPARSE_STEP_FIXED_KEYS`)."""
+    share = 1 - math.comb(num_groups - top_k, top_k) / math.comb(num_groups, top_k)
+    relative = SPARSE_KEY_COST * routing_heads * share / k_heads  # the sparse step's reads over the masked step's
+    return relative < 1 and length * (1 - relative) >= SPARSE_STEP_FIXED_KEYS
 
 
 def masked_decode_attention(
