@@ -53,7 +53,9 @@ def retrieval_rows(
 
 
 def _row(tokenizer, filler: torch.Tensor, seq_len: int, window: int, facts: int, rng: random.Random):
-    encode = lambda text: tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids[0]  # noqa: E731
+    def encode(text: str) -> torch.Tensor:
+        return tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids[0]
+
     planted, asked = [], []
     for fact in range(facts):
         fact_text, question_text = rng.choice(TEMPLATES)
