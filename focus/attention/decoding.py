@@ -59,9 +59,10 @@ class GroupIndex:
 
     def __init__(
         self, batch: int, k_heads: int, num_groups: int, top_k: int, sink_tokens: int, device,
-        scratch: ScratchRows | None = None,
+        scratch: ScratchRows | None = None, compile_step: bool = False,
     ):
         self.num_groups, self.top_k, self.length = num_groups, top_k, 0
+        self.compile_step = compile_step  # masked steps run compiled (`focus.attention.compiled_step`)
         self.scratch = scratch or ScratchRows()  # where a step gathers its distant keys (one per cache, shared)
         group_dtype = torch.int8 if num_groups <= 127 else torch.int16  # a byte per group id where it fits
         self.key_groups = torch.full((batch, k_heads, 0, top_k), -1, dtype=group_dtype, device=device)
@@ -84,12 +85,11 @@ class GroupIndex:
         """Index the next keys: `groups` (B, K, n, top_k) their group ids, `valid` (B, n) False for padding."""
         b, k_heads, n, _ = groups.shape
         start = self.length
-        self.key_groups = _reserve(self.key_groups, 2, start + n)
+        self.reserve(start + n)
         padded = valid is not None and not bool(valid.all())
         self.key_groups[:, :, start : start + n] = (groups.masked_fill(~valid[:, None, :, None], -1) if padded
                                                    else groups)
         if self.key_bits is not None:
-            self.key_bits = _reserve(self.key_bits, 2, start + n, fill=0)
             bits = (1 << groups).sum(dim=-1)  # distinct groups: the sum is the OR
             self.key_bits[:, :, start : start + n] = bits * valid[:, None, :] if padded else bits
         if self._sinks_found:
@@ -107,6 +107,17 @@ class GroupIndex:
         self._real += valid.sum(dim=1)
         self._sinks_found = bool((self._real >= self.sinks.shape[1]).all())
         self.length = start + n
+
+    def reserve(self, length: int) -> None:
+        """Room for `length` keys in the per-key buffers (`key_groups`, `key_bits`)."""
+        self.key_groups = _reserve(self.key_groups, 2, length)
+        if self.key_bits is not None:
+            self.key_bits = _reserve(self.key_bits, 2, length, fill=0)
+
+    @property
+    def sinks_found(self) -> bool:
+        """Whether every row has seen its sink tokens (later keys are then never a sink)."""
+        return self._sinks_found
 
     @property
     def counts(self) -> torch.Tensor:
@@ -182,7 +193,8 @@ class GroupIndex:
         kept = self.key_groups[:, :, :length].long()
         valid = (kept[:, 0, :, 0] >= 0) if length else None
         b, k_heads = self._counts.shape[:2]
-        self.__init__(b, k_heads, self.num_groups, self.top_k, self.sinks.shape[1], self._counts.device, self.scratch)
+        self.__init__(b, k_heads, self.num_groups, self.top_k, self.sinks.shape[1], self._counts.device, self.scratch,
+                      self.compile_step)
         if length:
             self.extend(kept.clamp_min(0), valid)
 
@@ -231,10 +243,13 @@ class FocusCache(GrowingCache):
     to that layer's attention call.
 
     Sliding-window cache layers (their old keys leave the cache) are not indexed: they take the dense path.
+    `compile_step=True` runs each masked decoding step (routing, index upkeep, mask, attention) as one compiled
+    function (`focus.attention.compiled_step`): the same output, tens of seconds of compiling once per process.
     """
 
-    def __init__(self, model: nn.Module, **kwargs):
+    def __init__(self, model: nn.Module, compile_step: bool = False, **kwargs):
         super().__init__(config=model.config, **kwargs)
+        self.compile_step = compile_step
         self.focus_modules = {m.layer_idx: m for m in model.modules() if hasattr(m, "focus_config")}
         if not self.focus_modules:
             raise ValueError("FocusCache needs a model with Focus; call apply_focus first")
@@ -249,7 +264,7 @@ class FocusCache(GrowingCache):
                 config = module.focus_config
                 self.indexes[layer_idx] = GroupIndex(
                     keys.shape[0], keys.shape[1], config.num_groups, config.top_k, config.sink_tokens, keys.device,
-                    self.scratch,
+                    self.scratch, self.compile_step,
                 )
             setattr(module, CACHE_INDEX_ATTRIBUTE, self.indexes[layer_idx])
         return keys, values

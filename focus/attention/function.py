@@ -24,6 +24,7 @@ from focus.attention.decoding import (
 )
 from focus.attention.decomposed import decomposed_hard_attention
 from focus.attention.fast_path import current_fast_path
+from focus.attention.native_step import ROUTE_QUERIES, native_step
 from focus.attention.recall import LOSSES_ATTRIBUTE, recall_loss
 from focus.attention.reference import dense_attention, hard_allowed, sdpa_grouped, soft_bias, unmodified_attention
 from focus.attention.routing import (
@@ -36,6 +37,7 @@ from focus.attention.routing import (
     route_call,
     routing_vectors,
     step_groups,
+    step_router,
     top_k_groups,
 )
 from focus.config import FocusConfig
@@ -112,11 +114,14 @@ def _attend(module, query, key, value, attention_mask, scaling, dropout, softcap
     index = take_cache_index(module)  # a FocusCache's group index of this layer's cached keys, or None
     if index is not None:
         past = k_len - q_len
+        step = (q_len == 1 and config.mode == "hard" and trace is None and config.window < k_len
+                and call.fast_path_applies())
+        if step and _native_step_applies(config, index, past, query):
+            with record_function("focus/native_step"):
+                return _native_decoding_step(module, call, index, kwargs.get("position_ids"))
         arrived = (key if config.route_on == "key" else value)[:, :, past:]
         arrived_positions = key_positions(kwargs.get("position_ids"), k_len, key.device, first=past)
         valid = None if base_mask is None else base_mask.any(dim=-2)[:, 0, past:]
-        step = (q_len == 1 and config.mode == "hard" and trace is None and config.window < k_len
-                and call.fast_path_applies())
         with record_function("focus/index_new_keys"):  # labels for torch.profiler (benchmarks/profile_focus.py)
             if step:  # the new key and the query heads routed in one pass
                 key_groups, query_groups = step_groups(module, query, arrived, arrived_positions)
@@ -212,6 +217,39 @@ def _decoding_step(
         out = sparse_decode_attention(query, key, call.value, index, query_groups, config.window, window_valid,
                                       call.scaling)
     return _with_dense_heads(out, call, dense)
+
+
+def _native_step_applies(config: FocusConfig, index: GroupIndex, past: int, query: torch.Tensor) -> bool:
+    """Whether this decoding step runs as one native call (`focus.attention.native_step`): its cache asked for it,
+    the step runs on the CPU under the mask (not through the group lists), and the index needs nothing but the new
+    key (no cropped cache to rebuild, every row's sink tokens already seen)."""
+    if not (index.compile_step and query.device.type == "cpu" and index.key_bits is not None and index.length == past
+            and index.sinks_found):
+        return False
+    k_heads = index.key_bits.shape[1]
+    routing_heads = k_heads if config.route_queries == "kv_head" else query.shape[1]
+    return not sparse_step_pays(config.num_groups, config.top_k, routing_heads, k_heads, past + 1)
+
+
+def _native_decoding_step(
+    module: nn.Module, call: AttentionCall, index: GroupIndex, position_ids: torch.Tensor | None
+) -> torch.Tensor:
+    """`_decoding_step` under the mask, with its routing and index upkeep, as one native call: (B, H, 1, D)."""
+    config: FocusConfig = module.focus_config
+    query, key = call.query, call.key
+    heads, k_heads, k_len = query.shape[1], key.shape[1], key.shape[2]
+    index.reserve(k_len)
+    unit, bias = step_router(module, k_heads, heads if config.route_queries != "key" else 0)
+    inv_freq = getattr(module, "focus_inv_freq", None) if config.unrotate else None
+    out = native_step().masked_step(
+        query, key, call.value, index.key_groups, index.key_bits,
+        key_positions(position_ids, k_len, key.device, first=k_len - 1), inv_freq, unit, bias,
+        None if call.base_mask is None else call.base_mask[:, :, -1:], dense_heads(module, k_heads, key.device),
+        config.temperature, config.top_k, config.window, config.route_on == "value", ROUTE_QUERIES[config.route_queries],
+        call.scaling,
+    )
+    index.length = k_len
+    return out
 
 
 def _decomposed_with_dense_heads(

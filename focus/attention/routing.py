@@ -292,7 +292,7 @@ def step_groups(
     b, h = query.shape[:2]
     k_heads = key_vectors.shape[1]
     by_query = config.route_queries != "key"
-    centroids, bias = _step_router(module, k_heads, h if by_query else 0)  # (K [+ H], G, D) unit, (K [+ H], G)
+    centroids, bias = step_router(module, k_heads, h if by_query else 0)  # (K [+ H], G, D) unit, (K [+ H], G)
     vectors = torch.cat([key_vectors, query], dim=1) if by_query else key_vectors
     logits = torch.einsum("bhld,hgd->bhlg", F.normalize(routing_vectors(module, vectors, position).float(), dim=-1),
                           centroids) / config.temperature
@@ -305,7 +305,7 @@ def step_groups(
     return key_groups, key_groups[:, :, 0].repeat_interleave(h // k_heads, dim=1)
 
 
-def _step_router(module: nn.Module, k_heads: int, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+def step_router(module: nn.Module, k_heads: int, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The unit centroids of the layer's K key heads then `heads` query heads, (K + heads, G, D), and their group
     bias (the keys' learnt balance bias, none for queries), kept on the module until the centroids or bias change."""
     centroids, bias = module.focus_centroids, module.focus_group_bias

@@ -30,13 +30,15 @@ def decode_step_rows(
     sink_tokens: int = 1,
     progress: Callable[[str], None] = print,
     routings: tuple[str, ...] = ("query",),
+    native: bool = False,
 ) -> list[dict]:
     """One row per (cache length, (groups, window, top_k), (query heads, key/value heads), routing): the median seconds
     of one decoding step, full SDPA over the cache against the sparse step and the masked step (taking turns), their
     ratios, the pair-count limit (cached keys over keys a query head reads), the read limit (key/value rows each side
     reads) and the index's size against the cache's. Groups are random and balanced, as trained groups are in
     expectation. Routing "query": each query head has groups of its own; "kv_head": the query heads of a key/value
-    head share theirs (`FocusConfig.route_queries`), so the sparse step reads them once."""
+    head share theirs (`FocusConfig.route_queries`), so the sparse step reads them once. `native`: also the masked step
+    as one native call, routing and index upkeep included (`focus.attention.native_step`; CPU only)."""
     device = torch.device(device)
     rows = []
     for length, (heads, k_heads) in ((n, layout) for n in cache_lengths for layout in head_layouts):
@@ -49,11 +51,14 @@ def decode_step_rows(
             routed = heads if routing == "query" else k_heads
             step_groups = balanced_groups(1, num_groups, top_k, routed, seed=1)[:, :, 0].to(device)  # (1, H or K, k)
             query_groups = step_groups.repeat_interleave(heads // routed, dim=1)  # (1, H, top_k)
-            full_s, focus_s, masked_s = interleaved_seconds([
+            steps = [
                 lambda: F.scaled_dot_product_attention(q, key, value, enable_gqa=True),
                 lambda: sparse_decode_attention(q, key, value, index, step_groups, window, None, None),
                 lambda: masked_decode_attention(q, key, value, index, query_groups, window, None, None),
-            ], repeats, device)
+            ]
+            if native:
+                steps.append(_native_masked_step(q, key, value, index, window, routing))
+            full_s, focus_s, masked_s, *native_s = interleaved_seconds(steps, repeats, device)
             read = keys_read(index, query_groups, window, length)
             row = {
                 "cache": length, "heads": heads, "kv_heads": k_heads, "head_dim": head_dim,
@@ -68,11 +73,30 @@ def decode_step_rows(
                 "index_share": index_share(index, key, value),
             }
             row["of_limit"] = row["speedup"] / row["pair_limit"]
+            if native:  # the native step routes the token itself and writes its groups over the last key's
+                row["native_s"], row["native_speedup"] = native_s[0], full_s / native_s[0]
             rows.append(row)
             progress(f"cache={length:>6} H={heads}/{k_heads} G={num_groups} w={window} k={top_k} {routing}: full "
                      f"{full_s * 1e3:.2f} ms focus {focus_s * 1e3:.2f} ms -> {row['speedup']:.2f}x "
                      f"(pairs {row['pair_limit']:.2f}x)")
     return rows
+
+
+def _native_masked_step(q, key, value, index: GroupIndex, window: int, routing: str) -> Callable[[], torch.Tensor]:
+    """The native masked step (`focus.attention.native_step`) of this row, with random unit centroids: its routing
+    work is the same whichever groups it picks."""
+    from focus.attention.native_step import ROUTE_QUERIES, native_step
+
+    b, heads, _, d = q.shape
+    k_heads, length = key.shape[1], key.shape[2]
+    gen = torch.Generator().manual_seed(0)
+    unit = F.normalize(torch.randn(k_heads + heads, index.num_groups, d, generator=gen), dim=-1)
+    bias = torch.zeros(k_heads + heads, index.num_groups)
+    positions = torch.full((1, 1), length - 1)
+    inv_freq = 1.0 / 10000 ** (torch.arange(0, d, 2).float() / d)
+    step = native_step().masked_step
+    return lambda: step(q, key, value, index.key_groups, index.key_bits, positions, inv_freq, unit, bias, None, None,
+                        0.1, index.top_k, window, False, ROUTE_QUERIES[routing], None)
 
 
 def keys_read(index: GroupIndex, query_groups: torch.Tensor, window: int, length: int) -> float:
@@ -104,6 +128,7 @@ def generate_rows(
     progress: Callable[[str], None] = print,
     adapter: str | None = None,
     prompt_ids: torch.Tensor | None = None,
+    compile_step: bool = False,
 ) -> list[dict]:
     """Greedy decoding of `new_tokens` after a prompt, per (groups, window, top_k): Focus hard through a
     FocusCache against the unmodified model through a GrowingCache (the same in-place cache without Focus: the ratio
@@ -114,7 +139,8 @@ def generate_rows(
     centroids of the prompt's first tokens; removed afterwards. Prompts are the first tokens of `prompt_ids` (1, N),
     or random tokens. Trained groups are less balanced than k-means groups of random tokens, and a step reads its
     groups' keys: each row reports the balance the index saw (`group_balance`: largest over mean group, median over
-    layers and key/value heads)."""
+    layers and key/value heads). `compile_step`: Focus's masked steps as one native call each
+    (`FocusCache(model, compile_step=True)`; built before the timing starts)."""
     from transformers import DynamicCache
 
     from focus.adapter import load_focus
@@ -123,6 +149,10 @@ def generate_rows(
     from focus.retrofit import apply_focus, focus_config, remove_focus, set_focus_mode
 
     device = next(model.parameters()).device
+    if compile_step:
+        from focus.attention.native_step import native_step
+
+        native_step()  # built (or loaded) here, not inside the first timed step
     limit = getattr(model.config.get_text_config(), "max_position_embeddings", None)
     rows = []
     for length in prompt_lengths:
@@ -152,7 +182,7 @@ def generate_rows(
                 config = FocusConfig(num_groups=num_groups, window=window, top_k=top_k, mode="hard")
                 apply_focus(model, config, calibration_ids=ids[:, :512])  # the prompt's own tokens: no warning
             try:
-                cache = FocusCache(model)
+                cache = FocusCache(model, compile_step=compile_step)
                 focus_prefill, focus_logits = _prefill(model, ids, cache)
                 focus_decode = _decode_seconds(model, focus_logits, new_tokens, cache)
                 share = cache.index_nbytes() / sum(
@@ -173,6 +203,7 @@ def generate_rows(
                 "unmodified_prefill_s": base_prefill, "focus_prefill_s": focus_prefill,
                 "prefill_speedup": base_prefill / focus_prefill, "index_share": share,
                 "adapter": "" if adapter is None else str(adapter), "group_balance": balance,
+                "compile_step": compile_step,
             }
             rows.append(row)
             progress(f"prompt={length:>6} G={num_groups} w={window} k={top_k}: unmodified "

@@ -58,6 +58,7 @@ def run_decode_benchmark(
         settings["cache_lengths"], [tuple(s) for s in settings["settings"]],
         [tuple(layout) for layout in settings.get("head_layouts", [[1, 1], [9, 3]])], settings.get("head_dim", 64),
         dtype, device, settings.get("repeats", 5), routings=tuple(settings.get("routings", ["query"])),
+        native=settings.get("compile_step", False) and torch.device(device).type == "cpu",
     )
     generated = []
     if model_source:
@@ -70,7 +71,7 @@ def run_decode_benchmark(
         generated = generate_rows(model, settings.get("prompt_lengths", [4096]),
                                   [tuple(s) for s in settings.get("generate_settings", [[16, 256, 1]])],
                                   settings.get("new_tokens", 32), adapter=settings.get("adapter"),
-                                  prompt_ids=prompt_ids)
+                                  prompt_ids=prompt_ids, compile_step=settings.get("compile_step", False))
     machine = _measured_on(device, dtype)
     write_speed_tables(steps, generated, step_csv, generate_csv, machine)
     plot_decode_speedup(step_csv, figure, machine)

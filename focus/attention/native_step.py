@@ -1,0 +1,41 @@
+"""A masked decoding step as one native call: routing, index upkeep, mask and attention (`native_step.cpp`).
+
+At the lengths models run, a Focus decoding step's arithmetic is small and its cost is the number of tensor ops: one
+layer's eager step routes the new key and the query heads (rotary undone, cosine against the centroids, top-k),
+writes the key's groups and group bits into the index, builds the hard mask from the bits and calls the attention
+kernel; some 70 ops and their Python, about 0.4 ms a layer on 2 CPU cores where the unmodified attention over 1K keys
+takes 0.09 ms. The native step does the routing and the mask in plain loops and calls the same attention kernel.
+`torch.compile` of the same function fused it into 2 kernels of 30 us but kept 110 us of guard and wrapper overhead
+per call, and was slower than eager inside the model (docs/decoding.md).
+
+It is compiled with the C++ compiler on first use (about a minute, then cached by torch under
+~/.cache/torch_extensions), so it is opt-in: `FocusCache(model, compile_step=True)`. CPU tensors only; a step that
+reads its groups' keys through the lists (`sparse_step_pays`, long caches), a step before every row has its sink tokens
+and any other device stay eager. Its output is the eager step's (`tests/test_native_step.py`).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from pathlib import Path
+
+_log = logging.getLogger(__name__)
+
+ROUTE_QUERIES = {"key": 0, "query": 1, "kv_head": 2}
+"""`FocusConfig.route_queries` as the native step's code."""
+
+
+@functools.cache
+def native_step():
+    """The compiled extension (built once per machine, then loaded from torch's extension cache)."""
+    from torch.utils.cpp_extension import load
+
+    _log.info("building Focus's native decoding step (once per machine, about a minute)")
+    try:
+        return load(name="focus_native_step", sources=[str(Path(__file__).with_name("native_step.cpp"))],
+                    extra_cflags=["-O3", "-fopenmp-simd"], verbose=False)
+    except (RuntimeError, OSError, ImportError) as error:  # no compiler or ninja, or a failed build
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise RuntimeError(f"FocusCache(compile_step=True) could not build its native step ({first}); it needs a "
+                           "C++ compiler and ninja (pip install ninja); without them use FocusCache(model)") from error

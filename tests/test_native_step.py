@@ -1,0 +1,153 @@
+"""The native decoding step (`FocusCache(model, compile_step=True)`) against the dense reference and the eager step."""
+
+import contextlib
+
+import pytest
+import torch
+from test_attention import make_inputs, make_layer, reference_with_dense_heads
+from test_decoding import CASES, decode
+
+import focus.attention.function
+from focus import FocusConfig
+from focus.attention.decoding import GroupIndex
+
+
+@contextlib.contextmanager
+def counting_native_steps():
+    calls, step = [0], focus.attention.function._native_decoding_step
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return step(*args, **kwargs)
+
+    focus.attention.function._native_decoding_step = counted
+    try:
+        yield calls
+    finally:
+        focus.attention.function._native_decoding_step = step
+
+
+@pytest.fixture(autouse=True)
+def masked_steps(monkeypatch):
+    """Every one-token step under the mask (the native step's path), whatever the cost model would choose."""
+    monkeypatch.setattr(focus.attention.function, "sparse_step_pays", lambda *args: False)
+
+
+@pytest.fixture
+def native_indexes(monkeypatch):
+    """The layer tests' indexes ask for the native step, as `FocusCache(model, compile_step=True)` makes them."""
+    made = GroupIndex.__init__
+
+    def native(self, *args, **kwargs):
+        made(self, *args, **kwargs)
+        self.compile_step = True
+
+    monkeypatch.setattr(GroupIndex, "__init__", native)
+
+
+def case_layer(case):
+    heads, kv_heads, top_k, window, sinks, pads, route_queries, *dense = case
+    config = FocusConfig(num_groups=4, top_k=top_k, window=window, sink_tokens=sinks, mode="hard",
+                         route_queries=route_queries, dense_heads=dense[0] if dense else [])
+    layer = make_layer(config, kv_heads, 8)
+    layer.layer_idx = 0
+    return layer, make_inputs(2, heads, kv_heads, 41, 8, pads)
+
+
+@pytest.mark.usefixtures("native_indexes")
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_native_steps_match_the_dense_reference(case):
+    layer, (q, key, v, mask) = case_layer(case)
+    with torch.no_grad(), counting_native_steps() as calls:
+        steps, _ = decode(layer, q, key, v, mask, prompt=12)
+        expected = reference_with_dense_heads(layer, q, key, v, mask, scaling=0.4)[:, :, 12:]
+    torch.testing.assert_close(steps, expected, atol=2e-5, rtol=1e-4)
+    assert calls[0] == (0 if layer.focus_config.window >= 41 else 41 - 12)  # every one-token step (sinks: in the prompt)
+
+
+@pytest.mark.usefixtures("native_indexes")
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_native_steps_undo_the_rotary_embedding_as_the_eager_steps_do(case, monkeypatch):
+    layer, (q, key, v, mask) = case_layer(case)
+    # Routing undoes a rotary embedding of these frequencies (the written-out reference routes without one).
+    layer.register_buffer("focus_inv_freq", 1.0 / 100 ** (torch.arange(0, 8, 2).float() / 8), persistent=False)
+    with torch.no_grad(), counting_native_steps() as calls:
+        native, native_index = decode(layer, q, key, v, mask, prompt=12)
+    monkeypatch.setattr(focus.attention.function, "_native_step_applies", lambda *args: False)
+    with torch.no_grad():
+        eager, eager_index = decode(layer, q, key, v, mask, prompt=12)
+    assert calls[0] == (0 if layer.focus_config.window >= 41 else 41 - 12)
+    assert torch.equal(native_index.groups(), eager_index.groups())
+    torch.testing.assert_close(native, eager, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.usefixtures("native_indexes")
+def test_steps_before_every_row_has_its_sinks_stay_eager():
+    config = FocusConfig(num_groups=4, top_k=2, window=3, sink_tokens=3, mode="hard")
+    layer = make_layer(config, 2, 8)
+    layer.layer_idx = 0
+    q, key, v, mask = make_inputs(2, 4, 2, 20, 8, pads=(0, 9))  # row 1: 9 padding keys, then its 3 sinks
+    with torch.no_grad(), counting_native_steps() as calls:
+        steps, _ = decode(layer, q, key, v, mask, prompt=10)
+        expected = reference_with_dense_heads(layer, q, key, v, mask, scaling=0.4)[:, :, 10:]
+    torch.testing.assert_close(steps, expected, atol=2e-5, rtol=1e-4)
+    assert calls[0] == 20 - 12  # from the step whose cache holds row 1's third real key on
+
+
+@pytest.mark.usefixtures("native_indexes")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_native_steps_in_half_precision_equal_the_eager_steps(dtype, monkeypatch):
+    config = FocusConfig(num_groups=8, top_k=2, window=5, sink_tokens=1, mode="hard", route_queries="kv_head")
+    layer = make_layer(config, 2, 16)
+    layer.layer_idx = 0
+    q, key, v, mask = (t if t is None or t.dtype == torch.bool else t.to(dtype)
+                       for t in make_inputs(2, 6, 2, 40, 16, pads=(0, 7)))
+    with torch.no_grad(), counting_native_steps() as calls:
+        native, native_index = decode(layer, q, key, v, mask, prompt=12)
+    monkeypatch.setattr(focus.attention.function, "_native_step_applies", lambda *args: False)
+    with torch.no_grad():
+        eager, eager_index = decode(layer, q, key, v, mask, prompt=12)
+    assert calls[0] == 40 - 12
+    assert torch.equal(native_index.groups(), eager_index.groups())  # the same groups for every key
+    assert torch.equal(native_index.key_bits[:, :, :40], eager_index.key_bits[:, :, :40])
+    torch.testing.assert_close(native, eager, atol=0, rtol=0)  # the same mask, the same attention kernel
+
+
+@pytest.mark.slow
+def test_generate_with_the_native_step_on_smollm2_gives_the_eager_tokens(smollm2):
+    """Greedy generate() through FocusCache(compile_step=True) after a left-padded prompt of real text: the tokens and
+    logits of the eager FocusCache, and every step past the prompt native."""
+    from focus import apply_focus, remove_focus
+    from focus.attention.decoding import FocusCache
+    from focus.data import load_corpus, tokenize_corpus
+
+    model, tokenizer = smollm2
+    text = tokenize_corpus(load_corpus("books", "validation")[:20_000], tokenizer)
+    ids = torch.stack([text[:300], torch.cat([torch.full((40,), tokenizer.pad_token_id), text[1000:1260]])])
+    mask = torch.ones_like(ids)
+    mask[1, :40] = 0
+    apply_focus(model, FocusConfig(num_groups=16, window=64, top_k=2, mode="hard", route_queries="kv_head"),
+                calibration_ids=text[None, 4000:4512])
+    try:
+        runs = []
+        for compile_step in (False, True):
+            with torch.no_grad(), counting_native_steps() as calls:
+                out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=24,
+                                     min_new_tokens=24, past_key_values=FocusCache(model, compile_step=compile_step),
+                                     output_logits=True, return_dict_in_generate=True)
+            runs.append((out, calls[0]))
+    finally:
+        remove_focus(model)
+    (eager, eager_calls), (native, native_calls) = runs
+    assert eager_calls == 0 and native_calls == 23 * model.config.num_hidden_layers
+    assert torch.equal(native.sequences, eager.sequences)
+    torch.testing.assert_close(torch.stack(native.logits), torch.stack(eager.logits), atol=1e-4, rtol=1e-4)
+
+
+def test_decode_step_rows_time_the_native_step_beside_the_others():
+    from focus.eval.decode_speed import decode_step_rows
+
+    rows = decode_step_rows([512], [(8, 32, 2)], [(4, 2)], head_dim=16, repeats=1, progress=lambda _: None,
+                            routings=("query", "kv_head"), native=True)
+    assert [row["routing"] for row in rows] == ["query", "kv_head"]
+    assert all(row["native_s"] > 0 and row["native_speedup"] == row["full_s"] / row["native_s"] for row in rows)
