@@ -151,3 +151,42 @@ def test_decode_step_rows_time_the_native_step_beside_the_others():
                             routings=("query", "kv_head"), native=True)
     assert [row["routing"] for row in rows] == ["query", "kv_head"]
     assert all(row["native_s"] > 0 and row["native_speedup"] == row["full_s"] / row["native_s"] for row in rows)
+
+
+@pytest.mark.parametrize("compile_step", [False, True])
+def test_a_cropped_focus_cache_cuts_its_indexes_and_decodes_on_as_if_never_extended(compile_step):
+    from test_training import tiny_llama
+
+    from focus import apply_focus
+    from focus.attention.decoding import FocusCache
+
+    model = tiny_llama()
+    ids = torch.randint(0, 128, (1, 60), generator=torch.Generator().manual_seed(3))
+    apply_focus(model, FocusConfig(num_groups=4, window=4, top_k=2, mode="hard"), calibration_ids=ids[:, :32])
+    with torch.no_grad():
+        cache = FocusCache(model, compile_step=compile_step)
+        model(input_ids=ids[:, :30], past_key_values=cache)
+        for t in range(30, 40):  # decoded, then taken back
+            model(input_ids=ids[:, t : t + 1], past_key_values=cache)
+        cache.crop(-10)
+        assert {index.length for index in cache.indexes.values()} == {30}
+        after = torch.cat([model(input_ids=ids[:, t : t + 1], past_key_values=cache).logits for t in range(30, 45)], 1)
+        fresh = FocusCache(model, compile_step=compile_step)
+        model(input_ids=ids[:, :30], past_key_values=fresh)
+        expected = torch.cat([model(input_ids=ids[:, t : t + 1], past_key_values=fresh).logits for t in range(30, 45)], 1)
+    torch.testing.assert_close(after, expected, atol=1e-6, rtol=0)
+
+
+def test_the_sparse_step_pays_later_against_the_native_masked_step():
+    """Where the cost model starts sending SmolLM2-shaped steps (9/3 heads, 16 groups) through the group lists:
+    against the eager masked step (`SPARSE_STEP_FIXED_KEYS`) and against the native one (`NATIVE_STEP_FIXED_KEYS`)."""
+    from focus.attention.decoding import NATIVE_STEP_FIXED_KEYS, sparse_step_pays
+
+    def first_sparse(routing_heads, top_k, **fixed):
+        return next((n for n in range(256, 70_000, 256) if sparse_step_pays(16, top_k, routing_heads, 3, n, **fixed)),
+                    None)
+
+    eager = {(rh, k): first_sparse(rh, k) for rh, k in ((9, 1), (3, 1), (3, 2), (9, 2))}
+    native = {(rh, k): first_sparse(rh, k, fixed_keys=NATIVE_STEP_FIXED_KEYS) for rh, k in eager}
+    assert eager == {(9, 1): 6400, (3, 1): 3584, (3, 2): 10240, (9, 2): None}
+    assert native == {(9, 1): 9216, (3, 1): 5120, (3, 2): 14592, (9, 2): None}

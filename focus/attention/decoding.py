@@ -18,6 +18,7 @@ The pattern is the dense reference's (`focus.attention.reference.hard_allowed`):
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -289,6 +290,14 @@ class FocusCache(GrowingCache):
         super().reset()
         self.indexes.clear()
 
+    def crop(self, max_length: int):
+        """`DynamicCache.crop`, with every layer's index cut to the cache at once (not at the layer's next step)."""
+        super().crop(max_length)
+        length = self.get_seq_length()
+        for index in self.indexes.values():
+            if index.length > length:
+                index.truncate(length)
+
     def index_nbytes(self) -> int:
         """Bytes of every layer's group index (compare with the KV cache's)."""
         return sum(index.nbytes() for index in self.indexes.values())
@@ -326,17 +335,34 @@ SmolLM2-shaped layer (9/3 heads), 16 groups, window 64, float32: top-1 routed pe
 4K (0.42 ms), top-2 routed per key/value head 0.68 against 0.44 ms at 4K and 1.86 against 2.16 ms at 16K."""
 
 
-def sparse_step_pays(num_groups: int, top_k: int, routing_heads: int, k_heads: int, length: int) -> bool:
+NATIVE_STEP_FIXED_KEYS = 4000
+"""`SPARSE_STEP_FIXED_KEYS` against the native masked step (`focus.attention.native_step`), which does without the
+eager step's tensor ops: the sparse step (eager) pays later. Fitted like it (one layer, 9/3 heads, window 64,
+float32, 2 cores): per key/value head top-1 sparse 0.70 against native 0.59 ms at 4K, 1.21 against 2.14 ms at 16K;
+top-2 0.94 against 0.62 ms at 4K, 1.85 against 2.13 ms at 16K (`decode_step_native_fp32.md`)."""
+
+
+def sparse_step_pays(
+    num_groups: int, top_k: int, routing_heads: int, k_heads: int, length: int,
+    fixed_keys: int = SPARSE_STEP_FIXED_KEYS,
+) -> bool:
     """Whether a decoding step over `length` cached keys should read its groups' keys through the lists (sparse)
     rather than every key under the hard mask (masked; the same output).
 
     Each of the `routing_heads` (the query heads, or the `k_heads` key/value heads when their query heads share
     groups) reads the distant keys sharing a group with its own: with balanced groups, a share 1 - C(G - k, k) / C(G, k)
     of them (top-k of G groups on both sides). Counted at `SPARSE_KEY_COST` each, against the masked step's
-    `k_heads` reads of every key, plus the sparse step's fixed cost (`SPARSE_STEP_FIXED_KEYS`)."""
+    `k_heads` reads of every key, plus the sparse step's fixed cost (`fixed_keys`: `SPARSE_STEP_FIXED_KEYS` against
+    the eager masked step, `NATIVE_STEP_FIXED_KEYS` against the native one)."""
+    return length >= _sparse_from(num_groups, top_k, routing_heads, k_heads, fixed_keys)
+
+
+@functools.cache
+def _sparse_from(num_groups: int, top_k: int, routing_heads: int, k_heads: int, fixed_keys: int) -> float:
+    """The cache length from which `sparse_step_pays` (found once per layout: a step asks at every layer)."""
     share = 1 - math.comb(num_groups - top_k, top_k) / math.comb(num_groups, top_k)
     relative = SPARSE_KEY_COST * routing_heads * share / k_heads  # the sparse step's reads over the masked step's
-    return relative < 1 and length * (1 - relative) >= SPARSE_STEP_FIXED_KEYS
+    return fixed_keys / (1 - relative) if relative < 1 else math.inf
 
 
 def masked_decode_attention(

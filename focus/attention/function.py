@@ -15,6 +15,7 @@ from torch import nn
 from torch.profiler import record_function
 
 from focus.attention.decoding import (
+    NATIVE_STEP_FIXED_KEYS,
     GroupIndex,
     index_new_keys,
     masked_decode_attention,
@@ -228,7 +229,9 @@ def _native_step_applies(config: FocusConfig, index: GroupIndex, past: int, quer
         return False
     k_heads = index.key_bits.shape[1]
     routing_heads = k_heads if config.route_queries == "kv_head" else query.shape[1]
-    return not sparse_step_pays(config.num_groups, config.top_k, routing_heads, k_heads, past + 1)
+    return not sparse_step_pays(config.num_groups, config.top_k, routing_heads, k_heads, past + 1,
+                                NATIVE_STEP_FIXED_KEYS)
+
 
 
 def _native_decoding_step(
@@ -241,9 +244,10 @@ def _native_decoding_step(
     index.reserve(k_len)
     unit, bias = step_router(module, k_heads, heads if config.route_queries != "key" else 0)
     inv_freq = getattr(module, "focus_inv_freq", None) if config.unrotate else None
+    # The new token's position: the last of `position_ids` (`key_positions` of the last key, without its arithmetic).
+    position = position_ids[:, -1:] if position_ids is not None else torch.full((1, 1), k_len - 1, device=key.device)
     out = native_step().masked_step(
-        query, key, call.value, index.key_groups, index.key_bits,
-        key_positions(position_ids, k_len, key.device, first=k_len - 1), inv_freq, unit, bias,
+        query, key, call.value, index.key_groups, index.key_bits, position, inv_freq, unit, bias,
         None if call.base_mask is None else call.base_mask[:, :, -1:], dense_heads(module, k_heads, key.device),
         config.temperature, config.top_k, config.window, config.route_on == "value", ROUTE_QUERIES[config.route_queries],
         call.scaling,

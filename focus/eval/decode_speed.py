@@ -129,6 +129,7 @@ def generate_rows(
     adapter: str | None = None,
     prompt_ids: torch.Tensor | None = None,
     compile_step: bool = False,
+    rounds: int = 3,
 ) -> list[dict]:
     """Greedy decoding of `new_tokens` after a prompt, per (groups, window, top_k): Focus hard through a
     FocusCache against the unmodified model through a GrowingCache (the same in-place cache without Focus: the ratio
@@ -140,13 +141,12 @@ def generate_rows(
     or random tokens. Trained groups are less balanced than k-means groups of random tokens, and a step reads its
     groups' keys: each row reports the balance the index saw (`group_balance`: largest over mean group, median over
     layers and key/value heads). `compile_step`: Focus's masked steps as one native call each
-    (`FocusCache(model, compile_step=True)`; built before the timing starts)."""
+    (`FocusCache(model, compile_step=True)`; built before the timing starts). Per setting, the unmodified model and
+    Focus decode `rounds` times each, taking turns from the same prompt state, and each side reports its median."""
     from transformers import DynamicCache
 
-    from focus.adapter import load_focus
     from focus.attention.growing_cache import GrowingCache
-    from focus.config import FocusConfig
-    from focus.retrofit import apply_focus, focus_config, remove_focus, set_focus_mode
+    from focus.retrofit import remove_focus
 
     device = next(model.parameters()).device
     if compile_step:
@@ -169,22 +169,25 @@ def generate_rows(
         growing = GrowingCache(config=model.config)
         for layer_idx, layer in enumerate(dynamic.layers):  # the same prompt state, appended to in place
             growing.update(layer.keys.clone(), layer.values.clone(), layer_idx)
-        base_decode = _decode_seconds(model, logits, new_tokens, growing)
         dynamic_decode = _decode_seconds(model, logits, new_tokens, dynamic)
         short = GrowingCache(config=model.config)
         short_decode = _decode_seconds(model, _prefill(model, ids[:, :16], short)[1], new_tokens, short)
-        for num_groups, window, top_k in focus_settings:
-            if adapter is not None:
-                load_focus(model, adapter)
-                set_focus_mode(model, "hard", window=window, top_k=top_k)
-                num_groups = focus_config(model).num_groups
-            else:
-                config = FocusConfig(num_groups=num_groups, window=window, top_k=top_k, mode="hard")
-                apply_focus(model, config, calibration_ids=ids[:, :512])  # the prompt's own tokens: no warning
+        for setting in focus_settings:
+            num_groups, window, top_k = _attach_focus(model, setting, adapter, ids)
             try:
                 cache = FocusCache(model, compile_step=compile_step)
                 focus_prefill, focus_logits = _prefill(model, ids, cache)
-                focus_decode = _decode_seconds(model, focus_logits, new_tokens, cache)
+                # Both sides take turns, round after round, from the same prompt state (each cache cropped back after
+                # its round): a drift in the machine's speed reaches both alike.
+                base_times, focus_times = [], []
+                for _ in range(rounds):
+                    focus_times.append(_decode_seconds(model, focus_logits, new_tokens, cache))
+                    cache.crop(-new_tokens)
+                    remove_focus(model)
+                    base_times.append(_decode_seconds(model, logits, new_tokens, growing))
+                    growing.crop(-new_tokens)
+                    _attach_focus(model, setting, adapter, ids)
+                base_decode, focus_decode = (sorted(times)[len(times) // 2] for times in (base_times, focus_times))
                 share = cache.index_nbytes() / sum(
                     layer.keys.numel() * layer.keys.element_size() * 2 for layer in cache.layers if layer.is_initialized
                 )
@@ -211,6 +214,23 @@ def generate_rows(
                      f"DynamicCache), focus {row['focus_tok_s']:.1f} tok/s -> {row['decode_speedup']:.2f}x "
                      f"(attention {row['attention_share']:.0%} of the unmodified step)")
     return rows
+
+
+def _attach_focus(model, setting: tuple[int, int, int], adapter: str | None, ids: torch.Tensor) -> tuple[int, int, int]:
+    """Focus hard on `model` for `setting` (groups, window, top_k): the trained `adapter` (its groups), or k-means
+    centroids of the prompt `ids`' first tokens (the same centroids at every call); returns the setting applied."""
+    from focus.adapter import load_focus
+    from focus.config import FocusConfig
+    from focus.retrofit import apply_focus, focus_config, set_focus_mode
+
+    num_groups, window, top_k = setting
+    if adapter is not None:
+        load_focus(model, adapter)
+        set_focus_mode(model, "hard", window=window, top_k=top_k)
+    else:  # the prompt's own tokens: no warning
+        apply_focus(model, FocusConfig(num_groups=num_groups, window=window, top_k=top_k, mode="hard"),
+                    calibration_ids=ids[:, :512])
+    return focus_config(model).num_groups, window, top_k
 
 
 def group_balance(cache: FocusCache) -> float:
