@@ -81,6 +81,8 @@ class GenerateArguments:
     prompt: str = field(metadata={"help": "Text to continue."})
     max_new_tokens: int = field(default=50, metadata={"help": "Tokens to generate (greedy)."})
     chat: bool = field(default=False, metadata={"help": "Wrap the prompt in the tokenizer's chat template."})
+    compile_step: bool = field(default=False, metadata={
+        "help": "Hard mode: each masked decoding step as one native call (built with the C++ compiler on first use)."})
 
 
 @dataclass
@@ -98,6 +100,8 @@ class BenchArguments:
         "help": "Prompt lengths of the whole-model rows."})
     dtype: Literal["float32", "bfloat16", "float16"] = field(default="float32", metadata={"help": "Tensor dtype."})
     repeats: int = field(default=5, metadata={"help": "Timed repeats (the median is reported)."})
+    compile_step: bool = field(default=False, metadata={
+        "help": "decode: Focus's masked steps as one native call each (FocusCache(model, compile_step=True); CPU)."})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -252,7 +256,8 @@ def _generate(argv: list[str]) -> int:
     if trained:
         load_focus(model, trained)
         set_focus_mode(model, adapter.mode)
-        cache = FocusCache(model) if adapter.mode == "hard" else None  # decoding reads the group index
+        # decoding reads the group index
+        cache = FocusCache(model, compile_step=args.compile_step) if adapter.mode == "hard" else None
     if args.chat:
         messages = [{"role": "user", "content": args.prompt}]
         inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
@@ -287,8 +292,9 @@ def _bench(argv: list[str]) -> int:
 
         run_decode_benchmark({"cache_lengths": args.lengths, "settings": settings, "dtype": args.dtype,
                               "repeats": args.repeats, "prompt_lengths": args.prompt_lengths,
-                              "generate_settings": settings[:1]}, model, out / f"decode_step_{args.tag}.csv",
-                             out / f"generate_{args.tag}.csv", out / f"decode_speedup_{args.tag}.png")
+                              "generate_settings": settings[:1], "compile_step": args.compile_step},
+                             model, out / f"decode_step_{args.tag}.csv", out / f"generate_{args.tag}.csv",
+                             out / f"decode_speedup_{args.tag}.png")
         tables = (f"decode_step_{args.tag}.md", f"generate_{args.tag}.md")
     else:
         from focus.pipeline.benchmark import run_benchmark

@@ -79,9 +79,13 @@ def test_train_then_eval_then_generate_through_the_adapter(tmp_path, capsys):
     saved = json.loads(record.read_text())
     assert saved["method"] == "focus-hard" and saved["tokens"] == 255  # every token after the first is scored
 
-    assert main(["generate", "--model", "tiny:llama", "--adapter", str(out / "adapter"), "--prompt", "Once upon",
-                 "--max_new_tokens", "4"]) == 0
-    assert capsys.readouterr().out.strip()  # the continuation (random weights: any text)
+    generate = ["generate", "--model", "tiny:llama", "--adapter", str(out / "adapter"), "--prompt", "Once upon a time",
+                "--max_new_tokens", "12"]
+    assert main(generate) == 0
+    continuation = capsys.readouterr().out
+    assert continuation.strip()  # the continuation (random weights: any text)
+    assert main([*generate, "--compile_step"]) == 0  # the native decoding step: the same greedy tokens
+    assert capsys.readouterr().out == continuation
 
 
 def test_a_finished_run_is_not_replaced_without_overwrite_and_a_damaged_token_file_is_rebuilt(tmp_path, capsys):
@@ -107,9 +111,10 @@ def test_a_finished_run_is_not_replaced_without_overwrite_and_a_damaged_token_fi
 
 def test_bench_writes_the_decode_tables_and_refuses_malformed_settings(tmp_path, capsys):
     assert main(["bench", "--kind", "decode", "--lengths", "1024", "--settings", "8:64:1", "--model", "",
-                 "--repeats", "1", "--output", str(tmp_path), "--tag", "t"]) == 0
+                 "--repeats", "1", "--output", str(tmp_path), "--tag", "t", "--compile_step"]) == 0
     assert "| cache |" in capsys.readouterr().out.replace("|   cache |", "| cache |")
     assert (tmp_path / "decode_step_t.csv").is_file() and (tmp_path / "decode_speedup_t.png").is_file()
+    assert "native_s" in (tmp_path / "decode_step_t.csv").read_text().splitlines()[0]
     assert main(["bench", "--kind", "decode", "--settings", "8:64", "--output", str(tmp_path / "bad")]) == 2
     assert "groups:window:top_k" in capsys.readouterr().err and not (tmp_path / "bad").exists()
 

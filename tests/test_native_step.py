@@ -4,7 +4,7 @@ import contextlib
 
 import pytest
 import torch
-from test_attention import make_inputs, make_layer, reference_with_dense_heads
+from test_attention import make_inputs, make_layer, reference_attention, reference_with_dense_heads
 from test_decoding import CASES, decode
 
 import focus.attention.function
@@ -96,21 +96,24 @@ def test_steps_before_every_row_has_its_sinks_stay_eager():
 
 @pytest.mark.usefixtures("native_indexes")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_native_steps_in_half_precision_equal_the_eager_steps(dtype, monkeypatch):
+def test_native_steps_in_half_precision_route_as_the_eager_steps_within_twice_the_reference_error(dtype, monkeypatch):
     config = FocusConfig(num_groups=8, top_k=2, window=5, sink_tokens=1, mode="hard", route_queries="kv_head")
     layer = make_layer(config, 2, 16)
     layer.layer_idx = 0
-    q, key, v, mask = (t if t is None or t.dtype == torch.bool else t.to(dtype)
-                       for t in make_inputs(2, 6, 2, 40, 16, pads=(0, 7)))
+    q, key, v, mask = make_inputs(2, 6, 2, 40, 16, pads=(0, 7))
+    low = [t.to(dtype) for t in (q, key, v)]
     with torch.no_grad(), counting_native_steps() as calls:
-        native, native_index = decode(layer, q, key, v, mask, prompt=12)
+        native, native_index = decode(layer, *low, mask, prompt=12)
+        exact = reference_attention(layer, q, key, v, mask, scaling=0.4)[:, :, 12:]
+        ref = reference_attention(layer, *low, mask, scaling=0.4)[:, :, 12:].float()
     monkeypatch.setattr(focus.attention.function, "_native_step_applies", lambda *args: False)
     with torch.no_grad():
-        eager, eager_index = decode(layer, q, key, v, mask, prompt=12)
+        _, eager_index = decode(layer, *low, mask, prompt=12)
     assert calls[0] == 40 - 12
     assert torch.equal(native_index.groups(), eager_index.groups())  # the same groups for every key
     assert torch.equal(native_index.key_bits[:, :, :40], eager_index.key_bits[:, :, :40])
-    torch.testing.assert_close(native, eager, atol=0, rtol=0)  # the same mask, the same attention kernel
+    native_err, ref_err = (native.float() - exact).abs().max(), (ref - exact).abs().max()
+    assert native_err <= 2 * ref_err + 1e-3, (native_err, ref_err)
 
 
 @pytest.mark.slow
@@ -177,16 +180,23 @@ def test_a_cropped_focus_cache_cuts_its_indexes_and_decodes_on_as_if_never_exten
     torch.testing.assert_close(after, expected, atol=1e-6, rtol=0)
 
 
-def test_the_sparse_step_pays_later_against_the_native_masked_step():
-    """Where the cost model starts sending SmolLM2-shaped steps (9/3 heads, 16 groups) through the group lists:
-    against the eager masked step (`SPARSE_STEP_FIXED_KEYS`) and against the native one (`NATIVE_STEP_FIXED_KEYS`)."""
-    from focus.attention.decoding import NATIVE_STEP_FIXED_KEYS, sparse_step_pays
+def test_the_native_step_runs_below_its_length_and_where_the_sparse_step_would_not_pay(monkeypatch):
+    """Which step a SmolLM2-shaped layer (9/3 heads, 16 groups) takes by cache length, native steps asked for."""
+    from focus.attention.decoding import NATIVE_STEP_BELOW, GroupIndex, sparse_step_pays
+    from focus.attention.function import _native_step_applies
 
-    def first_sparse(routing_heads, top_k, **fixed):
-        return next((n for n in range(256, 70_000, 256) if sparse_step_pays(16, top_k, routing_heads, 3, n, **fixed)),
-                    None)
+    monkeypatch.setattr(focus.attention.function, "sparse_step_pays", sparse_step_pays)  # the real cost model here
+    def first_sparse(routing_heads, top_k):
+        return next((n for n in range(256, 70_000, 256) if sparse_step_pays(16, top_k, routing_heads, 3, n)), None)
 
-    eager = {(rh, k): first_sparse(rh, k) for rh, k in ((9, 1), (3, 1), (3, 2), (9, 2))}
-    native = {(rh, k): first_sparse(rh, k, fixed_keys=NATIVE_STEP_FIXED_KEYS) for rh, k in eager}
-    assert eager == {(9, 1): 6400, (3, 1): 3584, (3, 2): 10240, (9, 2): None}
-    assert native == {(9, 1): 9216, (3, 1): 5120, (3, 2): 14592, (9, 2): None}
+    assert {(rh, k): first_sparse(rh, k) for rh, k in ((9, 1), (3, 1), (3, 2), (9, 2))} == {
+        (9, 1): 6400, (3, 1): 3584, (3, 2): 10240, (9, 2): None}  # against the eager masked step
+    index = GroupIndex(1, 3, 16, 1, 0, "cpu", compile_step=True)
+    index.key_bits = torch.zeros(1, 3, 0, dtype=torch.int64)
+    query = torch.zeros(1, 9, 1, 64)
+    for route_queries, top_k, native_up_to in (("query", 1, NATIVE_STEP_BELOW), ("kv_head", 2, NATIVE_STEP_BELOW),
+                                               ("query", 2, 70_000)):
+        config = FocusConfig(num_groups=16, top_k=top_k, route_queries=route_queries)
+        for length in (1024, NATIVE_STEP_BELOW - 1, NATIVE_STEP_BELOW, 65_536):
+            index.length = length - 1
+            assert _native_step_applies(config, index, length - 1, query) == (length < native_up_to), (config, length)

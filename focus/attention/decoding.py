@@ -335,11 +335,12 @@ SmolLM2-shaped layer (9/3 heads), 16 groups, window 64, float32: top-1 routed pe
 4K (0.42 ms), top-2 routed per key/value head 0.68 against 0.44 ms at 4K and 1.86 against 2.16 ms at 16K."""
 
 
-NATIVE_STEP_FIXED_KEYS = 4000
-"""`SPARSE_STEP_FIXED_KEYS` against the native masked step (`focus.attention.native_step`), which does without the
-eager step's tensor ops: the sparse step (eager) pays later. Fitted like it (one layer, 9/3 heads, window 64,
-float32, 2 cores): per key/value head top-1 sparse 0.70 against native 0.59 ms at 4K, 1.21 against 2.14 ms at 16K;
-top-2 0.94 against 0.62 ms at 4K, 1.85 against 2.13 ms at 16K (`decode_step_native_fp32.md`)."""
+NATIVE_STEP_BELOW = 12288
+"""Below this many cached keys a step runs native (`focus.attention.native_step`) even where the sparse step beats the
+eager masked one: the native step reads only the keys its mask keeps and has no op overhead. Fitted on one layer
+(9/3 heads, 16 groups, window 64, float32, 2 cores; `decode_step_native_fp32.md`): top-1 per key/value head native
+0.61 against sparse 1.13 ms at 8K, 1.45 against 1.71 ms at 16K; top-2 1.48 against 2.06 ms at 8K, 3.64 against
+2.89 ms at 16K."""
 
 
 def sparse_step_pays(
@@ -352,8 +353,7 @@ def sparse_step_pays(
     Each of the `routing_heads` (the query heads, or the `k_heads` key/value heads when their query heads share
     groups) reads the distant keys sharing a group with its own: with balanced groups, a share 1 - C(G - k, k) / C(G, k)
     of them (top-k of G groups on both sides). Counted at `SPARSE_KEY_COST` each, against the masked step's
-    `k_heads` reads of every key, plus the sparse step's fixed cost (`fixed_keys`: `SPARSE_STEP_FIXED_KEYS` against
-    the eager masked step, `NATIVE_STEP_FIXED_KEYS` against the native one)."""
+    `k_heads` reads of every key, plus the sparse step's fixed cost (`fixed_keys`)."""
     return length >= _sparse_from(num_groups, top_k, routing_heads, k_heads, fixed_keys)
 
 

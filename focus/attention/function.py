@@ -15,7 +15,7 @@ from torch import nn
 from torch.profiler import record_function
 
 from focus.attention.decoding import (
-    NATIVE_STEP_FIXED_KEYS,
+    NATIVE_STEP_BELOW,
     GroupIndex,
     index_new_keys,
     masked_decode_attention,
@@ -222,16 +222,15 @@ def _decoding_step(
 
 def _native_step_applies(config: FocusConfig, index: GroupIndex, past: int, query: torch.Tensor) -> bool:
     """Whether this decoding step runs as one native call (`focus.attention.native_step`): its cache asked for it,
-    the step runs on the CPU under the mask (not through the group lists), and the index needs nothing but the new
-    key (no cropped cache to rebuild, every row's sink tokens already seen)."""
+    the step runs on the CPU, below `NATIVE_STEP_BELOW` keys or where the sparse step would not pay anyway, and the
+    index needs nothing but the new key (no cropped cache to rebuild, every row's sink tokens already seen)."""
     if not (index.compile_step and query.device.type == "cpu" and index.key_bits is not None and index.length == past
             and index.sinks_found):
         return False
     k_heads = index.key_bits.shape[1]
     routing_heads = k_heads if config.route_queries == "kv_head" else query.shape[1]
-    return not sparse_step_pays(config.num_groups, config.top_k, routing_heads, k_heads, past + 1,
-                                NATIVE_STEP_FIXED_KEYS)
-
+    return past + 1 < NATIVE_STEP_BELOW or not sparse_step_pays(config.num_groups, config.top_k, routing_heads,
+                                                                k_heads, past + 1)
 
 
 def _native_decoding_step(

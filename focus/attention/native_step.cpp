@@ -1,12 +1,16 @@
-// One layer's hard Focus decoding step under the mask, as one native call (focus/attention/native_step.py).
+// One layer's hard Focus decoding step as one native call (focus/attention/native_step.py).
 //
 // The eager step is some 70 tensor ops of a few microseconds each on a CPU, for arithmetic that takes a few: it
 // routes the new key and the query heads (rotary undone, cosine against the centroids, top-k), writes the key's
-// groups and group bits into the index, builds the hard mask and calls the attention kernel. Here the routing and
-// the mask are plain loops over a few thousand numbers, and the attention is ATen's fused kernel, as in the eager step.
+// groups and group bits into the index, builds the hard mask and calls the fused attention kernel over every key.
+// Here the routing is a plain loop over a few thousand numbers, and the attention reads only the keys the mask keeps
+// (found by one AND of group bits per key), in chunks spread over the cores.
 
 #include <torch/extension.h>
 
+#include <ATen/Parallel.h>
+
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -26,12 +30,14 @@ void top_groups(const float* row, int64_t n, int64_t top_k, int64_t* out) {
   }
 }
 
+// Routes the new key and the query heads of every row, writes the key's groups and group bits into the index at
+// position L - 1, and returns each query head's group bits (B * H).
 template <typename scalar_t, typename group_t>
-void route_and_mask(const torch::Tensor& query, const torch::Tensor& arrived, torch::Tensor& key_groups,
+void route(const torch::Tensor& query, const torch::Tensor& arrived, torch::Tensor& key_groups,
                     torch::Tensor& key_bits, const torch::Tensor& positions, const c10::optional<torch::Tensor>& inv_freq,
                     const torch::Tensor& unit, const torch::Tensor& bias, const c10::optional<torch::Tensor>& base_mask,
-                    const c10::optional<torch::Tensor>& dense, int64_t length, int64_t window, double temperature,
-                    int64_t top_k, int64_t route_queries, torch::Tensor& mask) {
+                    int64_t length, double temperature, int64_t top_k, int64_t route_queries,
+                    std::vector<int64_t>& query_bits_out) {
   const int64_t b_size = query.size(0), heads = query.size(1), d = query.size(3);
   const int64_t k_heads = arrived.size(1), r = heads / k_heads, num_groups = unit.size(1);
   const bool by_query = route_queries != 0;  // 0: "key", 1: "query", 2: "kv_head"
@@ -46,7 +52,6 @@ void route_and_mask(const torch::Tensor& query, const torch::Tensor& arrived, to
   const float* freq = inv_freq ? inv_freq->data_ptr<float>() : nullptr;
   std::vector<float> cos_t(d / 2), sin_t(d / 2), x(d), logits(routed * num_groups), shared(num_groups);
   std::vector<int64_t> chosen(top_k), query_bits(heads);
-  const float blocked = -std::numeric_limits<float>::infinity();
 
   for (int64_t b = 0; b < b_size; ++b) {
     if (freq) {  // routing.undo_rotary: turn each pair (x_m, x_{m + D/2}) back by position * inv_freq[m]
@@ -107,24 +112,108 @@ void route_and_mask(const torch::Tensor& query, const torch::Tensor& arrived, to
         query_bits[j - k_heads] = bits;
       }
     }
-    // The hard mask (B, K, R, L): a key is kept when it shares a group with the query head (sinks hold every bit),
-    // is local, or its head is dense; and the model's own mask allows it.
-    const bool* allowed_row = base_mask ? base_mask->data_ptr<bool>() + b * base_mask->stride(0) : nullptr;
-    const bool* dense_heads = dense ? dense->data_ptr<bool>() : nullptr;
-    for (int64_t k = 0; k < k_heads; ++k) {
-      const int64_t* key_row = key_bits.data_ptr<int64_t>() + b * key_bits.stride(0) + k * key_bits.stride(1);
+    for (int64_t h = 0; h < heads; ++h) query_bits_out[b * heads + h] = query_bits[h];
+  }
+}
+
+constexpr int64_t CHUNK = 512;  // keys per task: the cache is split so that both cores have work at any batch size
+
+// Hard attention of each query head over the keys its mask keeps, read in place: a key is kept when it shares a
+// group with the head (group bits; sinks hold every bit), is local, or its key/value head is dense, and the model's
+// own mask allows it. Only kept keys are read and multiplied, where the fused kernel would read every key and add a
+// mask. The R query heads of a key/value head walk its keys together (a key kept by several is read once); the cache
+// is cut into chunks of CHUNK keys, each with its own running maximum (online softmax, float32), merged at the end.
+template <typename scalar_t>
+void attend_kept(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
+                 const torch::Tensor& key_bits, const std::vector<int64_t>& query_bits,
+                 const c10::optional<torch::Tensor>& base_mask, const c10::optional<torch::Tensor>& dense,
+                 int64_t window, double scale, torch::Tensor& out) {
+  const int64_t b_size = query.size(0), heads = query.size(1), d = query.size(3);
+  const int64_t k_heads = key.size(1), length = key.size(2), r = heads / k_heads;
+  const int64_t local = std::max<int64_t>(length - window, 0), chunks = (length + CHUNK - 1) / CHUNK;
+  const int64_t tasks = b_size * k_heads * chunks;
+  std::vector<float> best(tasks * r), total(tasks * r), acc(tasks * r * d);
+  const scalar_t* q_data = query.data_ptr<scalar_t>();
+  const scalar_t* k_data = key.data_ptr<scalar_t>();
+  const scalar_t* v_data = value.data_ptr<scalar_t>();
+  const int64_t* bit_data = key_bits.data_ptr<int64_t>();
+  const bool* mask_data = base_mask ? base_mask->data_ptr<bool>() : nullptr;
+  const bool* dense_heads = dense ? dense->data_ptr<bool>() : nullptr;
+  // Strides read once: Tensor::stride() is a checked call, too slow for the per-key loop.
+  const int64_t key_step = key.stride(2), value_step = value.stride(2), mask_step = base_mask ? base_mask->stride(3) : 0;
+  const int64_t q_batch = query.stride(0), q_head = query.stride(1), k_batch = key.stride(0), k_head = key.stride(1);
+  const int64_t v_batch = value.stride(0), v_head = value.stride(1), bit_batch = key_bits.stride(0);
+  const int64_t bit_head = key_bits.stride(1), mask_batch = base_mask ? base_mask->stride(0) : 0;
+  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> q(r * d);
+    std::vector<int64_t> mine(r);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / (k_heads * chunks), k = task / chunks % k_heads, c = task % chunks;
       for (int64_t i = 0; i < r; ++i) {
-        scalar_t* out = mask.data_ptr<scalar_t>() + ((b * k_heads + k) * r + i) * length;
-        const int64_t mine = query_bits[k * r + i];
-        const bool all = dense_heads && dense_heads[k];
-        const int64_t local = std::max<int64_t>(length - window, 0);
-        const scalar_t zero(0), minus_inf(blocked);
-        for (int64_t j = 0; j < local; ++j) out[j] = (all || (key_row[j] & mine) != 0) ? zero : minus_inf;
-        for (int64_t j = local; j < length; ++j) out[j] = zero;
-        if (allowed_row) {
-          const int64_t step = base_mask->stride(3);
-          for (int64_t j = 0; j < length; ++j) out[j] = allowed_row[j * step] ? out[j] : minus_inf;
+        const scalar_t* q_row = q_data + b * q_batch + (k * r + i) * q_head;
+        for (int64_t m = 0; m < d; ++m) q[i * d + m] = static_cast<float>(q_row[m]) * static_cast<float>(scale);
+        mine[i] = query_bits[b * heads + k * r + i];
+      }
+      float* task_best = &best[task * r];
+      float* task_total = &total[task * r];
+      float* task_acc = &acc[task * r * d];
+      std::fill(task_best, task_best + r, -std::numeric_limits<float>::infinity());
+      const scalar_t* keys = k_data + b * k_batch + k * k_head;
+      const scalar_t* values = v_data + b * v_batch + k * v_head;
+      const int64_t* bits = bit_data + b * bit_batch + k * bit_head;
+      const bool* allowed = mask_data ? mask_data + b * mask_batch : nullptr;
+      const bool all = dense_heads && dense_heads[k];
+      int64_t any_bits = 0;  // a key sharing no group with any of the R heads is skipped at once
+      for (int64_t i = 0; i < r; ++i) any_bits |= mine[i];
+      const int64_t stop = std::min(length, (c + 1) * CHUNK);
+      for (int64_t j = c * CHUNK; j < stop; ++j) {
+        const bool near = all || j >= local;
+        const int64_t key_groups = bits[j];
+        if (!near && (key_groups & any_bits) == 0) continue;
+        if (allowed && !allowed[j * mask_step]) continue;
+        const scalar_t* key_row = keys + j * key_step;
+        const scalar_t* value_row = values + j * value_step;
+        for (int64_t i = 0; i < r; ++i) {
+          if (!near && (key_groups & mine[i]) == 0) continue;
+          const float* q_i = &q[i * d];
+          float score = 0;
+#pragma omp simd reduction(+ : score)
+          for (int64_t m = 0; m < d; ++m) score += q_i[m] * static_cast<float>(key_row[m]);
+          float* acc_i = task_acc + i * d;
+          if (score > task_best[i]) {  // a new maximum: what was summed so far is rescaled to it
+            const float shrink = std::exp(task_best[i] - score);
+            task_total[i] *= shrink;
+#pragma omp simd
+            for (int64_t m = 0; m < d; ++m) acc_i[m] *= shrink;
+            task_best[i] = score;
+          }
+          const float weight = std::exp(score - task_best[i]);
+          task_total[i] += weight;
+#pragma omp simd
+          for (int64_t m = 0; m < d; ++m) acc_i[m] += weight * static_cast<float>(value_row[m]);
         }
+      }
+    }
+  });
+  scalar_t* o_data = out.data_ptr<scalar_t>();
+  std::vector<float> merged(d);
+  for (int64_t b = 0; b < b_size; ++b) {  // the chunks of each head, merged at their common maximum
+    for (int64_t k = 0; k < k_heads; ++k) {
+      for (int64_t i = 0; i < r; ++i) {
+        const int64_t first = (b * k_heads + k) * chunks;
+        float top = -std::numeric_limits<float>::infinity(), sum = 0;
+        for (int64_t c = 0; c < chunks; ++c) top = std::max(top, best[(first + c) * r + i]);
+        std::fill(merged.begin(), merged.end(), 0.0f);
+        for (int64_t c = 0; c < chunks; ++c) {
+          const float part = best[(first + c) * r + i];
+          if (part == -std::numeric_limits<float>::infinity()) continue;  // nothing kept in this chunk
+          const float shrink = std::exp(part - top);
+          sum += total[(first + c) * r + i] * shrink;
+          const float* acc_c = &acc[((first + c) * r + i) * d];
+          for (int64_t m = 0; m < d; ++m) merged[m] += acc_c[m] * shrink;
+        }
+        scalar_t* o_row = o_data + (b * heads + k * r + i) * d;
+        for (int64_t m = 0; m < d; ++m) o_row[m] = static_cast<scalar_t>(merged[m] / sum);
       }
     }
   }
@@ -146,20 +235,22 @@ torch::Tensor masked_step(const torch::Tensor& query, const torch::Tensor& key, 
   TORCH_CHECK(key_bits.size(2) >= length && key_groups.size(2) >= length, "masked_step: index buffers too short");
   const auto& source = route_on_value ? value : key;
   const auto arrived = source.narrow(2, length - 1, 1);
-  auto mask = torch::empty({b, k_heads, heads / k_heads, length}, query.options());
+  TORCH_CHECK(query.stride(3) == 1 && key.stride(3) == 1 && value.stride(3) == 1 && key_bits.stride(2) == 1,
+              "masked_step: rows must be contiguous along the head dimension");
+  std::vector<int64_t> query_bits(b * heads);
+  auto out = torch::empty({b, heads, 1, d}, query.options());
+  const double scale = scaling ? *scaling : 1.0 / std::sqrt(static_cast<double>(d));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "masked_step", [&] {
     if (key_groups.scalar_type() == at::kChar) {
-      route_and_mask<scalar_t, int8_t>(query, arrived, key_groups, key_bits, positions, inv_freq, unit, bias,
-                                       base_mask, dense, length, window, temperature, top_k, route_queries, mask);
+      route<scalar_t, int8_t>(query, arrived, key_groups, key_bits, positions, inv_freq, unit, bias, base_mask, length,
+                              temperature, top_k, route_queries, query_bits);
     } else {
-      route_and_mask<scalar_t, int16_t>(query, arrived, key_groups, key_bits, positions, inv_freq, unit, bias,
-                                        base_mask, dense, length, window, temperature, top_k, route_queries, mask);
+      route<scalar_t, int16_t>(query, arrived, key_groups, key_bits, positions, inv_freq, unit, bias, base_mask,
+                               length, temperature, top_k, route_queries, query_bits);
     }
+    attend_kept<scalar_t>(query, key, value, key_bits, query_bits, base_mask, dense, window, scale, out);
   });
-  // The R query heads of a key/value head as R queries of it: keys and values are read once, not copied per head.
-  auto out = at::scaled_dot_product_attention(query.view({b, k_heads, heads / k_heads, d}), key, value, mask, 0.0,
-                                              false, scaling);
-  return out.view({b, heads, 1, d});
+  return out;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("masked_step", &masked_step); }

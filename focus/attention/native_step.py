@@ -1,17 +1,19 @@
-"""A masked decoding step as one native call: routing, index upkeep, mask and attention (`native_step.cpp`).
+"""A decoding step as one native call: routing, index upkeep and the hard attention itself (`native_step.cpp`).
 
 At the lengths models run, a Focus decoding step's arithmetic is small and its cost is the number of tensor ops: one
 layer's eager step routes the new key and the query heads (rotary undone, cosine against the centroids, top-k),
-writes the key's groups and group bits into the index, builds the hard mask from the bits and calls the attention
-kernel; some 70 ops and their Python, about 0.4 ms a layer on 2 CPU cores where the unmodified attention over 1K keys
-takes 0.09 ms. The native step does the routing and the mask in plain loops and calls the same attention kernel.
-`torch.compile` of the same function fused it into 2 kernels of 30 us but kept 110 us of guard and wrapper overhead
-per call, and was slower than eager inside the model (docs/decoding.md).
+writes the key's groups and group bits into the index, builds the hard mask from the bits and calls the fused
+attention kernel over every key; some 70 ops and their Python, about 0.4 ms a layer on 2 CPU cores where the
+unmodified attention over 1K keys takes 0.08 ms. The native step routes in plain loops, then attends over the keys
+its mask keeps and only those (one AND of group bits per key, an online softmax per query head in float32, the cache
+cut into chunks over the cores). `torch.compile` of the eager step fused it into 2 kernels of 30 us but kept 110 us
+of guard and wrapper overhead per call, and was slower than eager inside the model (docs/decoding.md).
 
 It is compiled with the C++ compiler on first use (about a minute, then cached by torch under
-~/.cache/torch_extensions), so it is opt-in: `FocusCache(model, compile_step=True)`. CPU tensors only; a step that
-reads its groups' keys through the lists (`sparse_step_pays`, long caches), a step before every row has its sink tokens
-and any other device stay eager. Its output is the eager step's (`tests/test_native_step.py`).
+~/.cache/torch_extensions), so it is opt-in: `FocusCache(model, compile_step=True)`. CPU tensors only. From
+`NATIVE_STEP_BELOW` keys on, where the sparse step pays, the sparse step (through the group lists) runs instead;
+steps before every row has its sink tokens and any other device stay eager. Its routing is the eager step's, its
+output the dense reference's within float32 rounding (`tests/test_native_step.py`).
 """
 
 from __future__ import annotations
