@@ -33,9 +33,11 @@ def masked_steps(monkeypatch):
     monkeypatch.setattr(focus.attention.function, "sparse_step_pays", lambda *args: False)
 
 
-@pytest.fixture
-def native_indexes(monkeypatch):
-    """The layer tests' indexes ask for the native step, as `FocusCache(model, compile_step=True)` makes them."""
+@pytest.fixture(params=["kept keys", "fused kernel"])
+def native_indexes(request, monkeypatch):
+    """The layer tests' indexes ask for the native step, as `FocusCache(model, compile_step=True)` makes them; its
+    attention reads the kept keys only, or calls the fused kernel under the mask, whatever the share kept."""
+    monkeypatch.setattr(focus.attention.function, "READ_KEPT_BELOW", 1.0 if request.param == "kept keys" else 0.0)
     made = GroupIndex.__init__
 
     def native(self, *args, **kwargs):
@@ -117,7 +119,8 @@ def test_native_steps_in_half_precision_route_as_the_eager_steps_within_twice_th
 
 
 @pytest.mark.slow
-def test_generate_with_the_native_step_on_smollm2_gives_the_eager_tokens(smollm2):
+@pytest.mark.parametrize("top_k", [1, 2])  # the native attention over kept keys (top-1 of 16), the fused kernel (top-2)
+def test_generate_with_the_native_step_on_smollm2_gives_the_eager_tokens(smollm2, top_k):
     """Greedy generate() through FocusCache(compile_step=True) after a left-padded prompt of real text: the tokens and
     logits of the eager FocusCache, and every step past the prompt native."""
     from focus import apply_focus, remove_focus
@@ -129,7 +132,7 @@ def test_generate_with_the_native_step_on_smollm2_gives_the_eager_tokens(smollm2
     ids = torch.stack([text[:300], torch.cat([torch.full((40,), tokenizer.pad_token_id), text[1000:1260]])])
     mask = torch.ones_like(ids)
     mask[1, :40] = 0
-    apply_focus(model, FocusConfig(num_groups=16, window=64, top_k=2, mode="hard", route_queries="kv_head"),
+    apply_focus(model, FocusConfig(num_groups=16, window=64, top_k=top_k, mode="hard", route_queries="kv_head"),
                 calibration_ids=text[None, 4000:4512])
     try:
         runs = []

@@ -343,6 +343,12 @@ eager masked one: the native step reads only the keys its mask keeps and has no 
 2.89 ms at 16K."""
 
 
+def distant_share(num_groups: int, top_k: int) -> float:
+    """The share of distant keys a routing head keeps with balanced groups, top-k of G on both sides:
+    1 - C(G - k, k) / C(G, k) (top-1 of 16: 6%; top-2: 24%)."""
+    return 1 - math.comb(num_groups - top_k, top_k) / math.comb(num_groups, top_k)
+
+
 def sparse_step_pays(
     num_groups: int, top_k: int, routing_heads: int, k_heads: int, length: int,
     fixed_keys: int = SPARSE_STEP_FIXED_KEYS,
@@ -360,7 +366,7 @@ def sparse_step_pays(
 @functools.cache
 def _sparse_from(num_groups: int, top_k: int, routing_heads: int, k_heads: int, fixed_keys: int) -> float:
     """The cache length from which `sparse_step_pays` (found once per layout: a step asks at every layer)."""
-    share = 1 - math.comb(num_groups - top_k, top_k) / math.comb(num_groups, top_k)
+    share = distant_share(num_groups, top_k)
     relative = SPARSE_KEY_COST * routing_heads * share / k_heads  # the sparse step's reads over the masked step's
     return fixed_keys / (1 - relative) if relative < 1 else math.inf
 

@@ -17,6 +17,7 @@ from torch.profiler import record_function
 from focus.attention.decoding import (
     NATIVE_STEP_BELOW,
     GroupIndex,
+    distant_share,
     index_new_keys,
     masked_decode_attention,
     sparse_decode_attention,
@@ -25,7 +26,7 @@ from focus.attention.decoding import (
 )
 from focus.attention.decomposed import decomposed_hard_attention
 from focus.attention.fast_path import current_fast_path
-from focus.attention.native_step import ROUTE_QUERIES, native_step
+from focus.attention.native_step import READ_KEPT_BELOW, ROUTE_QUERIES, native_step
 from focus.attention.recall import LOSSES_ATTRIBUTE, recall_loss
 from focus.attention.reference import dense_attention, hard_allowed, sdpa_grouped, soft_bias, unmodified_attention
 from focus.attention.routing import (
@@ -249,7 +250,7 @@ def _native_decoding_step(
         query, key, call.value, index.key_groups, index.key_bits, position, inv_freq, unit, bias,
         None if call.base_mask is None else call.base_mask[:, :, -1:], dense_heads(module, k_heads, key.device),
         config.temperature, config.top_k, config.window, config.route_on == "value", ROUTE_QUERIES[config.route_queries],
-        call.scaling,
+        call.scaling, distant_share(config.num_groups, config.top_k) < READ_KEPT_BELOW,
     )
     index.length = k_len
     return out

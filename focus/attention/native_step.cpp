@@ -219,6 +219,35 @@ void attend_kept(const torch::Tensor& query, const torch::Tensor& key, const tor
   }
 }
 
+// The hard mask (B, K, R, L) for the fused kernel, 0 where attention_kept would read a key and -inf elsewhere.
+template <typename scalar_t>
+torch::Tensor hard_mask(const torch::Tensor& query, const torch::Tensor& key_bits, const std::vector<int64_t>& query_bits,
+                        const c10::optional<torch::Tensor>& base_mask, const c10::optional<torch::Tensor>& dense,
+                        int64_t length, int64_t window) {
+  const int64_t b_size = query.size(0), heads = query.size(1), k_heads = key_bits.size(1), r = heads / k_heads;
+  auto mask = torch::empty({b_size, k_heads, r, length}, query.options());
+  const int64_t local = std::max<int64_t>(length - window, 0);
+  const scalar_t zero(0), blocked(-std::numeric_limits<float>::infinity());
+  const bool* dense_heads = dense ? dense->data_ptr<bool>() : nullptr;
+  for (int64_t b = 0; b < b_size; ++b) {
+    const bool* allowed = base_mask ? base_mask->data_ptr<bool>() + b * base_mask->stride(0) : nullptr;
+    const int64_t mask_step = base_mask ? base_mask->stride(3) : 0;
+    for (int64_t k = 0; k < k_heads; ++k) {
+      const int64_t* bits = key_bits.data_ptr<int64_t>() + b * key_bits.stride(0) + k * key_bits.stride(1);
+      const bool all = dense_heads && dense_heads[k];
+      for (int64_t i = 0; i < r; ++i) {
+        scalar_t* out = mask.data_ptr<scalar_t>() + ((b * k_heads + k) * r + i) * length;
+        const int64_t mine = query_bits[b * heads + k * r + i];
+        for (int64_t j = 0; j < local; ++j) out[j] = (all || (bits[j] & mine) != 0) ? zero : blocked;
+        for (int64_t j = local; j < length; ++j) out[j] = zero;
+        if (allowed)
+          for (int64_t j = 0; j < length; ++j) out[j] = allowed[j * mask_step] ? out[j] : blocked;
+      }
+    }
+  }
+  return mask;
+}
+
 }  // namespace
 
 torch::Tensor masked_step(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
@@ -226,7 +255,8 @@ torch::Tensor masked_step(const torch::Tensor& query, const torch::Tensor& key, 
                           const c10::optional<torch::Tensor>& inv_freq, const torch::Tensor& unit,
                           const torch::Tensor& bias, const c10::optional<torch::Tensor>& base_mask,
                           const c10::optional<torch::Tensor>& dense, double temperature, int64_t top_k,
-                          int64_t window, bool route_on_value, int64_t route_queries, c10::optional<double> scaling) {
+                          int64_t window, bool route_on_value, int64_t route_queries, c10::optional<double> scaling,
+                          bool kept_only) {
   const int64_t b = query.size(0), heads = query.size(1), d = query.size(3);
   const int64_t k_heads = key.size(1), length = key.size(2);
   TORCH_CHECK(query.device().is_cpu() && query.size(2) == 1, "masked_step: one CPU query token per row");
@@ -248,7 +278,13 @@ torch::Tensor masked_step(const torch::Tensor& query, const torch::Tensor& key, 
       route<scalar_t, int16_t>(query, arrived, key_groups, key_bits, positions, inv_freq, unit, bias, base_mask,
                                length, temperature, top_k, route_queries, query_bits);
     }
-    attend_kept<scalar_t>(query, key, value, key_bits, query_bits, base_mask, dense, window, scale, out);
+    if (kept_only) {
+      attend_kept<scalar_t>(query, key, value, key_bits, query_bits, base_mask, dense, window, scale, out);
+    } else {  // many keys kept: the fused kernel over every key under the mask reads them faster
+      const auto mask = hard_mask<scalar_t>(query, key_bits, query_bits, base_mask, dense, length, window);
+      out = at::scaled_dot_product_attention(query.view({b, k_heads, heads / k_heads, d}), key, value, mask, 0.0,
+                                             false, scaling).view({b, heads, 1, d});
+    }
   });
   return out;
 }
