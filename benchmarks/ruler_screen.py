@@ -41,6 +41,7 @@ def main() -> None:
     model, tokenizer = load_model(PACKAGED_SMOLLM2, getattr(torch, args.dtype))
     table = Path(args.out) / f"ruler_screen_{args.tag}.csv"
     rows = pd.read_csv(table).to_dict("records") if args.append and table.exists() else []
+    rows = [{key: value for key, value in row.items() if key != "gap_in_stderrs"} for row in rows]
     if not any(row["model"] == "pretrained" for row in rows):
         rows += _score(model, tokenizer, "pretrained", args)
         _write(rows, args)
@@ -66,6 +67,12 @@ def _score(model, tokenizer, name: str, args) -> list[dict]:
 
 def _write(rows: list[dict], args) -> None:
     frame = pd.DataFrame(rows)
+    # lm-eval leaves some standard errors out (N/A); those get the binomial one over documents, sqrt(p (1 - p) / n),
+    # exact for the needle tasks (each document right or wrong), an approximation for variable tracking.
+    missing = frame["stderr"].isna()
+    frame.loc[missing, "stderr"] = (frame["score"] * (1 - frame["score"]) / frame["documents"]).pow(0.5)[missing]
+    earlier = frame["stderr_from"] if "stderr_from" in frame else pd.Series("lm-eval", index=frame.index)
+    frame["stderr_from"] = earlier.fillna("lm-eval").where(~missing, "binomial")
     base = frame[frame["model"] == "pretrained"].set_index(["task", "length"])
     differences = []
     for row in frame.itertuples():

@@ -185,7 +185,8 @@ def test_a_cropped_focus_cache_cuts_its_indexes_and_decodes_on_as_if_never_exten
 
 def test_the_native_step_runs_below_its_length_and_where_the_sparse_step_would_not_pay(monkeypatch):
     """Which step a SmolLM2-shaped layer (9/3 heads, 16 groups) takes by cache length, native steps asked for."""
-    from focus.attention.decoding import NATIVE_STEP_BELOW, GroupIndex, sparse_step_pays
+    from focus.attention.decoding import GroupIndex
+    from focus.attention.step_cost import NATIVE_STEP_BELOW, sparse_step_pays
     from focus.attention.function import _native_step_applies
 
     monkeypatch.setattr(focus.attention.function, "sparse_step_pays", sparse_step_pays)  # the real cost model here

@@ -15,13 +15,10 @@ from torch import nn
 from torch.profiler import record_function
 
 from focus.attention.decoding import (
-    NATIVE_STEP_BELOW,
     GroupIndex,
-    distant_share,
     index_new_keys,
     masked_decode_attention,
     sparse_decode_attention,
-    sparse_step_pays,
     take_cache_index,
 )
 from focus.attention.decomposed import decomposed_hard_attention
@@ -42,6 +39,7 @@ from focus.attention.routing import (
     step_router,
     top_k_groups,
 )
+from focus.attention.step_cost import NATIVE_STEP_BELOW, distant_share, sparse_step_pays
 from focus.config import FocusConfig
 
 FOCUS_ATTENTION = "focus"

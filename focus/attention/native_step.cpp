@@ -33,11 +33,10 @@ void top_groups(const float* row, int64_t n, int64_t top_k, int64_t* out) {
 // Routes the new key and the query heads of every row, writes the key's groups and group bits into the index at
 // position L - 1, and returns each query head's group bits (B * H).
 template <typename scalar_t, typename group_t>
-void route(const torch::Tensor& query, const torch::Tensor& arrived, torch::Tensor& key_groups,
-                    torch::Tensor& key_bits, const torch::Tensor& positions, const c10::optional<torch::Tensor>& inv_freq,
-                    const torch::Tensor& unit, const torch::Tensor& bias, const c10::optional<torch::Tensor>& base_mask,
-                    int64_t length, double temperature, int64_t top_k, int64_t route_queries,
-                    std::vector<int64_t>& query_bits_out) {
+void route(const torch::Tensor& query, const torch::Tensor& arrived, torch::Tensor& key_groups, torch::Tensor& key_bits,
+           const torch::Tensor& positions, const c10::optional<torch::Tensor>& inv_freq, const torch::Tensor& unit,
+           const torch::Tensor& bias, const c10::optional<torch::Tensor>& base_mask, int64_t length, double temperature,
+           int64_t top_k, int64_t route_queries, std::vector<int64_t>& query_bits_out) {
   const int64_t b_size = query.size(0), heads = query.size(1), d = query.size(3);
   const int64_t k_heads = arrived.size(1), r = heads / k_heads, num_groups = unit.size(1);
   const bool by_query = route_queries != 0;  // 0: "key", 1: "query", 2: "kv_head"
@@ -104,7 +103,8 @@ void route(const torch::Tensor& query, const torch::Tensor& arrived, torch::Tens
       int64_t bits = 0;
       for (int64_t s = 0; s < top_k; ++s) bits |= int64_t{1} << chosen[s];
       if (j < k_heads) {
-        for (int64_t s = 0; s < top_k; ++s) groups_out[b][j][length - 1][s] = real ? static_cast<group_t>(chosen[s]) : -1;
+        for (int64_t s = 0; s < top_k; ++s)
+          groups_out[b][j][length - 1][s] = real ? static_cast<group_t>(chosen[s]) : static_cast<group_t>(-1);
         bits_out[b][j][length - 1] = real ? bits : 0;
         if (!by_query)
           for (int64_t i = 0; i < r; ++i) query_bits[j * r + i] = bits;
@@ -140,7 +140,8 @@ void attend_kept(const torch::Tensor& query, const torch::Tensor& key, const tor
   const bool* mask_data = base_mask ? base_mask->data_ptr<bool>() : nullptr;
   const bool* dense_heads = dense ? dense->data_ptr<bool>() : nullptr;
   // Strides read once: Tensor::stride() is a checked call, too slow for the per-key loop.
-  const int64_t key_step = key.stride(2), value_step = value.stride(2), mask_step = base_mask ? base_mask->stride(3) : 0;
+  const int64_t key_step = key.stride(2), value_step = value.stride(2);
+  const int64_t mask_step = base_mask ? base_mask->stride(3) : 0;
   const int64_t q_batch = query.stride(0), q_head = query.stride(1), k_batch = key.stride(0), k_head = key.stride(1);
   const int64_t v_batch = value.stride(0), v_head = value.stride(1), bit_batch = key_bits.stride(0);
   const int64_t bit_head = key_bits.stride(1), mask_batch = base_mask ? base_mask->stride(0) : 0;
@@ -221,9 +222,9 @@ void attend_kept(const torch::Tensor& query, const torch::Tensor& key, const tor
 
 // The hard mask (B, K, R, L) for the fused kernel, 0 where attention_kept would read a key and -inf elsewhere.
 template <typename scalar_t>
-torch::Tensor hard_mask(const torch::Tensor& query, const torch::Tensor& key_bits, const std::vector<int64_t>& query_bits,
-                        const c10::optional<torch::Tensor>& base_mask, const c10::optional<torch::Tensor>& dense,
-                        int64_t length, int64_t window) {
+torch::Tensor hard_mask(const torch::Tensor& query, const torch::Tensor& key_bits,
+                        const std::vector<int64_t>& query_bits, const c10::optional<torch::Tensor>& base_mask,
+                        const c10::optional<torch::Tensor>& dense, int64_t length, int64_t window) {
   const int64_t b_size = query.size(0), heads = query.size(1), k_heads = key_bits.size(1), r = heads / k_heads;
   auto mask = torch::empty({b_size, k_heads, r, length}, query.options());
   const int64_t local = std::max<int64_t>(length - window, 0);

@@ -29,7 +29,7 @@ ROUTE_QUERIES = {"key": 0, "query": 1, "kv_head": 2}
 
 READ_KEPT_BELOW = 0.15
 """The native step reads only the keys its mask keeps when a routing head keeps fewer than this share of the distant
-keys (`decoding.distant_share`: top-1 of 16 groups, 6%); above it (top-2 of 16, 24%) it builds the mask and calls the
+keys (`step_cost.distant_share`: top-1 of 16 groups, 6%); above it (top-2 of 16, 24%) it builds the mask and calls the
 fused kernel over every key, which reads keys several times faster than its per-key loop. One layer, 9/3 heads,
 window 64, float32, 2 cores: top-1 at 8K kept keys 0.45-0.54 ms against the fused kernel 0.87-1.21 ms; generate()
 top-2 after 1-8K prompts 0.89-0.93x with kept keys against 0.93-1.02x with the fused kernel."""

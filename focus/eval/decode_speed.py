@@ -85,7 +85,7 @@ def decode_step_rows(
 def _native_masked_step(q, key, value, index: GroupIndex, window: int, routing: str) -> Callable[[], torch.Tensor]:
     """The native masked step (`focus.attention.native_step`) of this row, with random unit centroids: its routing
     work is the same whichever groups it picks."""
-    from focus.attention.decoding import distant_share
+    from focus.attention.step_cost import distant_share
     from focus.attention.native_step import READ_KEPT_BELOW, ROUTE_QUERIES, native_step
 
     b, heads, _, d = q.shape

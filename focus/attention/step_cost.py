@@ -1,0 +1,55 @@
+"""Which decoding step a cache length calls for: the masked step (every key read in place under the hard mask), the
+sparse step (the keys of the query's groups, read through the group lists) or the native step (one C++ call).
+
+The three give the same output (`focus.attention.decoding`, `focus.attention.native_step`); what differs is their
+cost, modelled here from one-layer measurements on 2 CPU cores (`benchmarks/results/decode_step_*.md`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+SPARSE_KEY_COST = 3.0
+"""A key a sparse step reads (gathered, scored by a small GEMM, its value summed by a bag) costs about this many keys
+that a masked step reads in place: top-2 of 16 groups with 9 query heads routed apart on 3 key/value heads reads
+2.2x the masked step's keys per step and was slower at every length to 64K (9.2 ms against 8.9 ms there); routed per
+key/value head it reads 0.73x and is faster from 16K on (`benchmarks/results/decode_step_kvhead_fp32.md`)."""
+
+SPARSE_STEP_FIXED_KEYS = 2800
+"""The fixed cost of a sparse step (selecting its keys through the group lists, keeping the lists up to date), in keys
+a masked step reads in place: the sparse step pays once the keys it skips outweigh it. Fitted on 2 CPU cores, one
+SmolLM2-shaped layer (9/3 heads), 16 groups, window 64, float32: top-1 routed per query head is as fast either way at
+4K (0.42 ms), top-2 routed per key/value head 0.68 against 0.44 ms at 4K and 1.86 against 2.16 ms at 16K."""
+
+NATIVE_STEP_BELOW = 12288
+"""Below this many cached keys a step runs native (`focus.attention.native_step`) even where the sparse step beats the
+eager masked one: the native step reads only the keys its mask keeps and has no op overhead. Fitted on one layer
+(9/3 heads, 16 groups, window 64, float32, 2 cores; `decode_step_native_fp32.md`): top-1 per key/value head native
+0.61 against sparse 1.13 ms at 8K, 1.45 against 1.71 ms at 16K; top-2 1.48 against 2.06 ms at 8K, 3.64 against
+2.89 ms at 16K."""
+
+
+def distant_share(num_groups: int, top_k: int) -> float:
+    """The share of distant keys a routing head keeps with balanced groups, top-k of G on both sides:
+    1 - C(G - k, k) / C(G, k) (top-1 of 16: 6%; top-2: 24%)."""
+    return 1 - math.comb(num_groups - top_k, top_k) / math.comb(num_groups, top_k)
+
+
+def sparse_step_pays(num_groups: int, top_k: int, routing_heads: int, k_heads: int, length: int) -> bool:
+    """Whether a decoding step over `length` cached keys should read its groups' keys through the lists (sparse)
+    rather than every key under the hard mask (masked; the same output).
+
+    Each of the `routing_heads` (the query heads, or the `k_heads` key/value heads when their query heads share
+    groups) reads the distant keys sharing a group with its own: with balanced groups, a share 1 - C(G - k, k) / C(G, k)
+    of them (top-k of G groups on both sides). Counted at `SPARSE_KEY_COST` each, against the masked step's
+    `k_heads` reads of every key, plus the sparse step's fixed cost (`SPARSE_STEP_FIXED_KEYS`)."""
+    return length >= _sparse_from(num_groups, top_k, routing_heads, k_heads)
+
+
+@functools.cache
+def _sparse_from(num_groups: int, top_k: int, routing_heads: int, k_heads: int) -> float:
+    """The cache length from which `sparse_step_pays` (found once per layout: a step asks at every layer)."""
+    share = distant_share(num_groups, top_k)
+    relative = SPARSE_KEY_COST * routing_heads * share / k_heads  # the sparse step's reads over the masked step's
+    return SPARSE_STEP_FIXED_KEYS / (1 - relative) if relative < 1 else math.inf
