@@ -52,6 +52,7 @@ def main() -> None:
         rows = [row for row in rows if row["model"] != name] + _score(model, tokenizer, name, args)
         _write(rows, args)
         remove_focus(model)
+    _write(rows, args)  # also rewrites a table kept with --append and no new adapter
     print((Path(args.out) / f"ruler_screen_{args.tag}.md").read_text())
 
 
