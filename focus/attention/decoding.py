@@ -61,7 +61,7 @@ class GroupIndex:
         scratch: ScratchRows | None = None, compile_step: bool = False,
     ):
         self.num_groups, self.top_k, self.length = num_groups, top_k, 0
-        self.compile_step = compile_step  # masked steps run compiled (`focus.attention.compiled_step`)
+        self.compile_step = compile_step  # steps run as one native call (`focus.attention.native_step`)
         self.scratch = scratch or ScratchRows()  # where a step gathers its distant keys (one per cache, shared)
         group_dtype = torch.int8 if num_groups <= 127 else torch.int16  # a byte per group id where it fits
         self.key_groups = torch.full((batch, k_heads, 0, top_k), -1, dtype=group_dtype, device=device)
@@ -242,8 +242,9 @@ class FocusCache(GrowingCache):
     to that layer's attention call.
 
     Sliding-window cache layers (their old keys leave the cache) are not indexed: they take the dense path.
-    `compile_step=True` runs each masked decoding step (routing, index upkeep, mask, attention) as one compiled
-    function (`focus.attention.compiled_step`): the same output, tens of seconds of compiling once per process.
+    `compile_step=True` runs each decoding step below 12K keys (routing, index upkeep, attention) as one native call
+    (`focus.attention.native_step`): the same output within float32 rounding, built with the C++ compiler on first
+    use (about a minute, then cached).
     """
 
     def __init__(self, model: nn.Module, compile_step: bool = False, **kwargs):

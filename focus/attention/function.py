@@ -235,7 +235,7 @@ def _native_step_applies(config: FocusConfig, index: GroupIndex, past: int, quer
 def _native_decoding_step(
     module: nn.Module, call: AttentionCall, index: GroupIndex, position_ids: torch.Tensor | None
 ) -> torch.Tensor:
-    """`_decoding_step` under the mask, with its routing and index upkeep, as one native call: (B, H, 1, D)."""
+    """`_decoding_step` with its routing and index upkeep as one native call: (B, H, 1, D)."""
     config: FocusConfig = module.focus_config
     query, key = call.query, call.key
     heads, k_heads, k_len = query.shape[1], key.shape[1], key.shape[2]

@@ -37,8 +37,8 @@ def decode_step_rows(
     ratios, the pair-count limit (cached keys over keys a query head reads), the read limit (key/value rows each side
     reads) and the index's size against the cache's. Groups are random and balanced, as trained groups are in
     expectation. Routing "query": each query head has groups of its own; "kv_head": the query heads of a key/value
-    head share theirs (`FocusConfig.route_queries`), so the sparse step reads them once. `native`: also the masked step
-    as one native call, routing and index upkeep included (`focus.attention.native_step`; CPU only)."""
+    head share theirs (`FocusConfig.route_queries`), so the sparse step reads them once. `native`: also the
+    step as one native call, routing and index upkeep included (`focus.attention.native_step`; CPU only)."""
     device = torch.device(device)
     rows = []
     for length, (heads, k_heads) in ((n, layout) for n in cache_lengths for layout in head_layouts):
@@ -83,10 +83,10 @@ def decode_step_rows(
 
 
 def _native_masked_step(q, key, value, index: GroupIndex, window: int, routing: str) -> Callable[[], torch.Tensor]:
-    """The native masked step (`focus.attention.native_step`) of this row, with random unit centroids: its routing
-    work is the same whichever groups it picks."""
-    from focus.attention.step_cost import distant_share
+    """The native step (`focus.attention.native_step`) of this row, with random unit centroids: its routing work is
+    the same whichever groups it picks, and it attends as it would in the model for this top-k."""
     from focus.attention.native_step import READ_KEPT_BELOW, ROUTE_QUERIES, native_step
+    from focus.attention.step_cost import distant_share
 
     b, heads, _, d = q.shape
     k_heads, length = key.shape[1], key.shape[2]
