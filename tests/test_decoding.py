@@ -38,19 +38,25 @@ CASES = {
 
 
 @contextlib.contextmanager
-def counting_sparse_steps():
-    """Counts the calls of the sparse decoding step (a plain counter: a Mock would keep every call's cache alive)."""
-    calls, step = [0], focus.attention.function.sparse_decode_attention
+def counting_calls(name: str):
+    """Counts the calls of `focus.attention.function.<name>` (a plain counter: a Mock would keep every call's cache
+    alive)."""
+    calls, step = [0], getattr(focus.attention.function, name)
 
     def counted(*args, **kwargs):
         calls[0] += 1
         return step(*args, **kwargs)
 
-    focus.attention.function.sparse_decode_attention = counted
+    setattr(focus.attention.function, name, counted)
     try:
         yield calls
     finally:
-        focus.attention.function.sparse_decode_attention = step
+        setattr(focus.attention.function, name, step)
+
+
+def counting_sparse_steps():
+    """Counts the calls of the sparse decoding step."""
+    return counting_calls("sparse_decode_attention")
 
 
 def decode(layer, q, key, v, mask, prompt: int, chunk: int = 1):

@@ -1,30 +1,18 @@
 """The native decoding step (`FocusCache(model, compile_step=True)`) against the dense reference and the eager step."""
 
-import contextlib
-
 import pytest
 import torch
 from test_attention import make_inputs, make_layer, reference_attention, reference_with_dense_heads
-from test_decoding import CASES, decode
+from test_decoding import CASES, counting_calls, decode
 
 import focus.attention.function
 from focus import FocusConfig
 from focus.attention.decoding import GroupIndex
 
 
-@contextlib.contextmanager
 def counting_native_steps():
-    calls, step = [0], focus.attention.function._native_decoding_step
-
-    def counted(*args, **kwargs):
-        calls[0] += 1
-        return step(*args, **kwargs)
-
-    focus.attention.function._native_decoding_step = counted
-    try:
-        yield calls
-    finally:
-        focus.attention.function._native_decoding_step = step
+    """Counts the native decoding steps."""
+    return counting_calls("_native_decoding_step")
 
 
 @pytest.fixture(autouse=True)

@@ -30,9 +30,10 @@ ROUTE_QUERIES = {"key": 0, "query": 1, "kv_head": 2}
 READ_KEPT_BELOW = 0.15
 """The native step reads only the keys its mask keeps when a routing head keeps fewer than this share of the distant
 keys (`step_cost.distant_share`: top-1 of 16 groups, 6%); above it (top-2 of 16, 24%) it builds the mask and calls the
-fused kernel over every key, which reads keys several times faster than its per-key loop. One layer, 9/3 heads,
-window 64, float32, 2 cores: top-1 at 8K kept keys 0.45-0.54 ms against the fused kernel 0.87-1.21 ms; generate()
-top-2 after 1-8K prompts 0.89-0.93x with kept keys against 0.93-1.02x with the fused kernel."""
+fused kernel over every key, which reads a key faster than its per-key loop. One layer, 9/3 heads, window 64, float32,
+2 cores, query heads routed apart (`decode_step_native_fp32.md` and an earlier run of the loop): top-1 at 8K keys, the
+loop 0.45-0.54 ms against SDPA over the whole cache 0.87-1.21 ms; top-2 at 16K and 32K keys, the loop 3.0 and 6.5 ms,
+the fused kernel under the mask 2.2 and 4.8 ms. In generate() (1-8K prompts) the two were within the noise at top-2."""
 
 
 @functools.cache
