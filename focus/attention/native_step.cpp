@@ -12,6 +12,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -118,6 +120,24 @@ void route(const torch::Tensor& query, const torch::Tensor& arrived, torch::Tens
 
 constexpr int64_t CHUNK = 512;  // keys per task: the cache is split so that both cores have work at any batch size
 
+// exp(x) for x <= 0, to about 2 ulp: Cephes' expf polynomial in plain arithmetic, inlined where std::exp is a call.
+inline float exp_nonpositive(float x) {
+  x = std::max(x, -87.0f);  // below it expf is denormal; a softmax weight of 0 to float32 anyway
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;  // x - n ln 2, in two parts
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
 // Hard attention of each query head over the keys its mask keeps, read in place: a key is kept when it shares a
 // group with the head (group bits; sinks hold every bit), is local, or its key/value head is dense, and the model's
 // own mask allows it. Only kept keys are read and multiplied, where the fused kernel would read every key and add a
@@ -182,13 +202,13 @@ void attend_kept(const torch::Tensor& query, const torch::Tensor& key, const tor
           for (int64_t m = 0; m < d; ++m) score += q_i[m] * static_cast<float>(key_row[m]);
           float* acc_i = task_acc + i * d;
           if (score > task_best[i]) {  // a new maximum: what was summed so far is rescaled to it
-            const float shrink = std::exp(task_best[i] - score);
+            const float shrink = exp_nonpositive(task_best[i] - score);
             task_total[i] *= shrink;
 #pragma omp simd
             for (int64_t m = 0; m < d; ++m) acc_i[m] *= shrink;
             task_best[i] = score;
           }
-          const float weight = std::exp(score - task_best[i]);
+          const float weight = exp_nonpositive(score - task_best[i]);
           task_total[i] += weight;
 #pragma omp simd
           for (int64_t m = 0; m < d; ++m) acc_i[m] += weight * static_cast<float>(value_row[m]);

@@ -19,7 +19,9 @@ output the dense reference's within float32 rounding (`tests/test_native_step.py
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
+import platform
 from pathlib import Path
 
 _log = logging.getLogger(__name__)
@@ -27,13 +29,28 @@ _log = logging.getLogger(__name__)
 ROUTE_QUERIES = {"key": 0, "query": 1, "kv_head": 2}
 """`FocusConfig.route_queries` as the native step's code."""
 
-READ_KEPT_BELOW = 0.15
+READ_KEPT_BELOW = 0.3
 """The native step reads only the keys its mask keeps when a routing head keeps fewer than this share of the distant
-keys (`step_cost.distant_share`: top-1 of 16 groups, 6%); above it (top-2 of 16, 24%) it builds the mask and calls the
-fused kernel over every key, which reads a key faster than its per-key loop. One layer, 9/3 heads, window 64, float32,
-2 cores, query heads routed apart (`decode_step_native_fp32.md` and an earlier run of the loop): top-1 at 8K keys, the
-loop 0.45-0.54 ms against SDPA over the whole cache 0.87-1.21 ms; top-2 at 16K and 32K keys, the loop 3.0 and 6.5 ms,
-the fused kernel under the mask 2.2 and 4.8 ms. In generate() (1-8K prompts) the two were within the noise at top-2."""
+keys (`step_cost.distant_share`: top-1 of 16 groups 6%, top-2 24%); above it (top-3 of 16: 49%) it builds the mask
+and calls the fused kernel over every key instead. One layer, 9/3 heads, window 64, float32, 2 EPYC cores, random
+keys in 2 of 16 groups, loops built for the CPU (`_build`): the loop 80/140/258/694 us at 1/2/4/8K keys, the fused
+kernel under the mask 117/190/342/694 us, SDPA over every key without a mask 81/156/273/566 us."""
+
+
+def _build() -> tuple[str, list[str]]:
+    """(extension name, compiler flags). On x86-64 the loops are compiled for this CPU's vector units (-march=native:
+    AVX-512 where it has it, where the default target is SSE2): the top-2 step 1.0-1.1x of SDPA at 1-4K keys against
+    0.8x (one layer, 9/3 heads, 2 EPYC cores). Such a build crashes on an older CPU, and torch's extension cache may
+    be shared between machines (a home folder on a cluster), so the name carries the CPU's feature flags."""
+    flags = ["-O3", "-fopenmp-simd"]
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return "focus_native_step", flags
+    cpu = platform.processor()
+    try:
+        cpu = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        pass
+    return f"focus_native_step_{hashlib.sha1(cpu.encode()).hexdigest()[:10]}", flags + ["-march=native"]
 
 
 @functools.cache
@@ -42,9 +59,10 @@ def native_step():
     from torch.utils.cpp_extension import load
 
     _log.info("building Focus's native decoding step (once per machine, about a minute)")
+    name, flags = _build()
     try:
-        return load(name="focus_native_step", sources=[str(Path(__file__).with_name("native_step.cpp"))],
-                    extra_cflags=["-O3", "-fopenmp-simd"], verbose=False)
+        return load(name=name, sources=[str(Path(__file__).with_name("native_step.cpp"))], extra_cflags=flags,
+                    verbose=False)
     except (RuntimeError, OSError, ImportError) as error:  # no compiler or ninja, or a failed build
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise RuntimeError(f"FocusCache(compile_step=True) could not build its native step ({first}); it needs a "
