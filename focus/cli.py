@@ -48,9 +48,9 @@ class TrainArguments:
     calibration_rows: int = field(default=8, metadata={
         "help": "Rows whose keys k-means-initialise the centroids (not trained on)."})
     eval_rows: int = field(default=8, metadata={"help": "Validation rows scored during training."})
-    retrieval_share: float = field(default=0.0, metadata={
-        "help": "Share of the trained rows that are synthetic retrieval rows (focus.train.retrieval)."})
-    retrieval_weight: float = field(default=20.0, metadata={"help": "Loss weight of a retrieval row's answer tokens."})
+    retrieval_share: float = field(default=0.25, metadata={
+        "help": "Share of the trained rows that are synthetic retrieval rows (focus.train.retrieval); 0: none."})
+    retrieval_weight: float = field(default=5.0, metadata={"help": "Loss weight of a retrieval row's answer tokens."})
     overwrite: bool = field(default=False, metadata={
         "help": "Train anew into an --output that holds a finished run, replacing its adapter."})
 

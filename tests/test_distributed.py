@@ -156,7 +156,7 @@ def _stage_settings(tmp_path: Path, lr: float, out: Path) -> dict:
     save_file({"train": ids[:16 * 32], "validation": ids[16 * 32:]}, str(tokens))
     train = TrainConfig(steps=3, batch_size=4, lr=lr, log_every=1, checkpoint_every=2)
     job = TrainingJob(tokens, 32, train, out / "metrics.jsonl", out / "summary.json", calibration_rows=2, eval_rows=3,
-                      progress=False)
+                      retrieval_share=0, progress=False)  # rows of 32 tokens hold no retrieval fact
     return dict(source="tiny:llama", dtype="float32", job=job)
 
 

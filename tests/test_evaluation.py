@@ -99,7 +99,12 @@ def test_lora_stage_writes_a_peft_adapter_that_reloads(tmp_path):
     train = TrainConfig(steps=3, batch_size=2, lr=1e-2, log_every=1, checkpoint_every=0)
     job = TrainingJob(tokens, 64, train, tmp_path / "metrics.jsonl", tmp_path / "summary.json", calibration_rows=2,
                       eval_rows=2, progress=False)
-    summary = train_lora("tiny:llama", "float32", 4, 8.0, ["q_proj", "v_proj"], 0.0, job, tmp_path / "adapter")
+    with pytest.raises(ValueError, match="retrieval rows need the Focus window"):  # the default mixes them in
+        train_lora("tiny:llama", "float32", 4, 8.0, ["q_proj", "v_proj"], 0.0, job, tmp_path / "adapter")
+    assert not (tmp_path / "adapter").exists()
+    summary = train_lora("tiny:llama", "float32", 4, 8.0, ["q_proj", "v_proj"], 0.0, job, tmp_path / "adapter",
+                         retrieval_window=8)
+    assert summary["train_rows"] == 14 + 5 and summary["retrieval"] == {"share": 0.25, "weight": 5.0}  # a quarter
     config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     assert config["r"] == 4 and config["lora_alpha"] == 8 and sorted(config["target_modules"]) == ["q_proj", "v_proj"]
     assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()

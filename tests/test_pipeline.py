@@ -263,7 +263,7 @@ def test_killed_training_job_resumes_from_its_checkpoint(tmp_path):
     config.update(name="resume", models={"tiny-llama": {"source": "tiny:llama"}})
     for section in ("benchmark", "lora", "harness", "long_context", "interpret", "study"):
         config.pop(section)
-    config["train"].update(full_finetune=None, seq_len=64)
+    config["train"].update(full_finetune=None, seq_len=64, retrieval_share=0)  # rows of 64: no room for a fact
     # 120 steps at about 11 a second here: the kill lands a second after the checkpoint at step 20, far from the end.
     config["train"]["centroids"].update(steps=120, checkpoint_every=20, log_every=10)
     path = str(write_config(tmp_path, config))

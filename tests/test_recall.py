@@ -97,7 +97,7 @@ def test_the_training_stage_scores_hard_trained_centroids_in_hard_mode_and_saves
     save_file({"train": ids[: 8 * 32], "validation": ids[8 * 32 :]}, str(tokens))
     focus = {"num_groups": 4, "window": 8, "top_k": 1, "objective": objective}
     job = TrainingJob(tokens, 32, TrainConfig(steps=2, batch_size=2, log_every=1), tmp_path / "metrics.jsonl",
-                      tmp_path / "summary.json", calibration_rows=2, eval_rows=2, progress=False)
+                      tmp_path / "summary.json", calibration_rows=2, eval_rows=2, retrieval_share=0, progress=False)
     summary = train_focus("tiny:llama", "float32", focus, job, tmp_path / "adapter")
     assert summary["eval_mode"] == "hard"
     assert math.isfinite(summary["final"].get("train/recall_loss", math.nan)) == (objective == "attention_recall")

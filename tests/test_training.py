@@ -448,5 +448,8 @@ def test_retrieval_rows_ask_back_facts_planted_beyond_the_window(tiny_tokenizer)
             assert starts and span[0] - starts[-1] > 64
     again, _ = retrieval_rows(tiny_tokenizer, filler, count=6, seq_len=900, window=64, facts=3, seed=1)
     assert torch.equal(again, rows)  # a row is a function of the seed and its index
-    with pytest.raises(ValueError, match="no room for 3 facts 64 tokens apart"):
-        retrieval_rows(tiny_tokenizer, filler, count=1, seq_len=150, window=64, facts=3)
+    short, weights = retrieval_rows(tiny_tokenizer, filler, count=2, seq_len=300, window=64, facts=3, answer_weight=5.0)
+    answers = [(w == 5.0).int().diff().eq(1).sum().item() for w in weights]
+    assert short.shape == (2, 300) and all(1 <= count < 3 for count in answers)  # as many facts as short rows hold
+    with pytest.raises(ValueError, match="no room for a fact 64 tokens before its question"):
+        retrieval_rows(tiny_tokenizer, filler, count=1, seq_len=200, window=64, facts=3)

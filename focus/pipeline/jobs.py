@@ -54,9 +54,11 @@ class TrainingJob:
     The train split of `tokens` (a `prepare_tokens` file) is cut into rows of `seq_len` tokens. The first
     `calibration_rows` initialise the Focus centroids by k-means and no method trains on them, so that every method
     trains on identical batches; then at most `train_rows` rows (None: all) are trained on. The first `eval_rows`
-    rows of the validation split are scored during training. A `retrieval_share` > 0 of the trained rows are synthetic
-    retrieval rows (`with_retrieval_rows`), their answers weighed `retrieval_weight` in the loss. `train` is how it trains; `metrics` (JSON lines) and
-    `summary` (JSON) are the job's records, which `finish` mirrors to W&B where `wandb` says.
+    rows of the validation split are scored during training. A `retrieval_share` of the trained rows (default a
+    quarter; 0: none) are synthetic retrieval rows (`with_retrieval_rows`), their answers weighed `retrieval_weight`
+    in the loss: without them the hard model forgets how to retrieve (docs/study.md part 5). `train` is how it
+    trains; `metrics` (JSON lines) and `summary` (JSON) are the job's records, which `finish` mirrors to W&B where
+    `wandb` says.
     """
 
     tokens: str | Path
@@ -67,8 +69,8 @@ class TrainingJob:
     calibration_rows: int = 8
     train_rows: int | None = None
     eval_rows: int = 0
-    retrieval_share: float = 0.0
-    retrieval_weight: float = 20.0
+    retrieval_share: float = 0.25
+    retrieval_weight: float = 5.0
     progress: bool = True
     wandb: WandbTarget | None = None
 
@@ -107,11 +109,14 @@ class TrainingJob:
         trained = rows[self.calibration_rows :]
         return rows[: self.calibration_rows], trained[: self.train_rows] if self.train_rows else trained, eval_data
 
-    def with_retrieval_rows(self, rows: torch.Tensor, tokenizer, window: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def with_retrieval_rows(self, rows: torch.Tensor, tokenizer, window: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(`rows` and the retrieval rows after them, their token weights or None): `retrieval_share` of the result
-        is retrieval rows (`focus.train.retrieval`), cut from the train split with answers beyond `window`."""
+        is retrieval rows (`focus.train.retrieval`), cut from the train split with answers beyond the Focus `window`
+        (a baseline passes the window of the Focus run it is compared with, so that both train on the same rows)."""
         if not self.retrieval_share:
             return rows, None
+        if window is None:
+            raise ValueError("retrieval rows need the Focus window their answers lie beyond (or retrieval_share 0)")
         if not 0 < self.retrieval_share < 1:
             raise ValueError(f"retrieval_share must be in [0, 1), got {self.retrieval_share}")
         count = max(1, round(rows.shape[0] * self.retrieval_share / (1 - self.retrieval_share)))
@@ -156,7 +161,9 @@ class TrainingJob:
         return {
             "final": final,
             "train_config": to_dict(config),
-            "train_rows": rows.shape[0],
+            "train_rows": rows.shape[0],  # retrieval rows included
+            "retrieval": {"share": self.retrieval_share, "weight": self.retrieval_weight} if token_weights is not None
+                         else None,
             "seq_len": rows.shape[1],
             "seconds": round(seconds, 1),
             "resumed": resumed,

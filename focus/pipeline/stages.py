@@ -139,23 +139,26 @@ def train_full_finetune(
     job: TrainingJob,
     model_dir: str | Path,
     processes: int = 1,
+    retrieval_window: int | None = None,
 ) -> dict:
     """The full-attention baseline: train every weight of `source` on the job's rows, save the model.
 
-    Same loop, data order and token budget as `train_focus`: the calibration rows are skipped here too, so with the
-    same job settings both methods train on identical batches. `processes`: as in `train_focus` (weights,
-    gradients and AdamW state sharded over them).
+    Same loop, data order and token budget as `train_focus`: the calibration rows are skipped here too, and the
+    job's retrieval rows are built for `retrieval_window` (the Focus run's window), so with the same job settings
+    both methods train on identical batches. `processes`: as in `train_focus` (weights, gradients and AdamW state
+    sharded over them).
     """
     if processes > 1:
         return run_on_processes(train_full_finetune, processes, **{**locals(), "processes": 1})
     with torchrun_process_group() as world:
         model, tokenizer = _load_for_training(source, dtype, world)
         _, rows, eval_data = job.rows()
+        rows, weights = job.with_retrieval_rows(rows, tokenizer, retrieval_window)
         for parameter in model.parameters():
             parameter.requires_grad_(True)
         if world > 1:
             shard_model(model)
-        record = job.run(model, rows, eval_data)
+        record = job.run(model, rows, eval_data, token_weights=weights)
         for parameter in model.parameters():
             parameter.requires_grad_(False)
         state = None
@@ -184,16 +187,19 @@ def train_lora(
     dropout: float,
     job: TrainingJob,
     adapter_dir: str | Path,
+    retrieval_window: int | None = None,
 ) -> dict:
     """A LoRA baseline: PEFT adapters of `rank` on `target_modules`, trained on the same rows as the centroids.
 
     Same loop, data order, steps and batch as `train_focus` (the job's `train` carries the grid cell's learning
-    rate); writes PEFT's adapter folder to `adapter_dir`, and the job's metrics and summary.
+    rate; its retrieval rows are built for `retrieval_window`, the Focus run's window); writes PEFT's adapter
+    folder to `adapter_dir`, and the job's metrics and summary.
     """
-    model, _ = load_model(source, _DTYPES[dtype], default_device())
+    model, tokenizer = load_model(source, _DTYPES[dtype], default_device())
     _, rows, eval_data = job.rows()
+    rows, weights = job.with_retrieval_rows(rows, tokenizer, retrieval_window)
     model = apply_lora(model, rank, alpha, target_modules, dropout, seed=job.config().seed)
-    record = job.run(model, rows, eval_data)
+    record = job.run(model, rows, eval_data, token_weights=weights)
     write_folder_atomically(Path(adapter_dir), lambda folder: model.save_pretrained(folder))
     record.update(
         lora_config={"r": rank, "lora_alpha": alpha, "target_modules": list(target_modules), "lora_dropout": dropout},

@@ -33,8 +33,9 @@ def retrieval_rows(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`count` rows of `seq_len` tokens and their per-token loss weights, both (count, seq_len).
 
-    Each row: `facts` facts at random places in its first half, then the same facts asked in another order among
-    the last tokens, each answer more than `window` tokens after its fact. `weights[r, t]` weighs the prediction
+    Each row: `facts` facts (fewer where short rows have no room for them all) at random places in its first half,
+    then the same facts asked in another order among the last tokens, each answer more than `window` tokens after
+    its fact. `weights[r, t]` weighs the prediction
     of token t (1 for filler, `answer_weight` for an answer's tokens; column 0 is never predicted).
     `filler` is a 1-D tensor of book token ids (the train split); row r draws its passage and its facts from
     `seed` and r alone.
@@ -44,8 +45,14 @@ def retrieval_rows(
     rows = torch.empty(count, seq_len, dtype=filler.dtype)
     weights = torch.ones(count, seq_len)
     for r in range(count):
-        rng = random.Random(f"{seed}/{r}")
-        ids, answers = _row(tokenizer, filler, seq_len, window, facts, rng)
+        for planted in range(facts, 0, -1):
+            row = _row(tokenizer, filler, seq_len, window, planted, random.Random(f"{seed}/{r}"))
+            if row is not None:
+                break
+        else:
+            raise ValueError(f"retrieval rows of {seq_len} tokens have no room for a fact {window} tokens before its "
+                             "question: train on longer rows or without retrieval rows (retrieval_share 0)")
+        ids, answers = row
         rows[r] = ids
         for start, end in answers:
             weights[r, start:end] = answer_weight
@@ -53,6 +60,7 @@ def retrieval_rows(
 
 
 def _row(tokenizer, filler: torch.Tensor, seq_len: int, window: int, facts: int, rng: random.Random):
+    """(ids, answer spans) of one row, or None when `facts` facts and their questions leave under 2 `window` of filler."""
     def encode(text: str) -> torch.Tensor:
         return tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids[0]
 
@@ -69,7 +77,7 @@ def _row(tokenizer, filler: torch.Tensor, seq_len: int, window: int, facts: int,
     tail = sum(q.numel() + k.numel() + p.numel() for q, k, p in asked)
     room = seq_len - tail - sum(p.numel() for p in planted)
     if room < 2 * window:
-        raise ValueError(f"retrieval rows of {seq_len} tokens have no room for {facts} facts {window} tokens apart")
+        return None
     start = rng.randrange(0, filler.numel() - room)
     text = filler[start : start + room]
     # The facts go into the first half of the filler, the questions after all of it: every answer is at least half

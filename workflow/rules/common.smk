@@ -267,7 +267,14 @@ def variant_focus(wildcards):
 
 def training_rows(section):
     """A training section's row settings, as focus.pipeline.jobs.TrainingJob takes them (it holds the defaults)."""
-    return {key: section[key] for key in ("seq_len", "calibration_rows", "train_rows", "eval_rows") if key in section}
+    keys = ("seq_len", "calibration_rows", "train_rows", "eval_rows", "retrieval_share", "retrieval_weight")
+    return {key: section[key] for key in keys if key in section}
+
+
+def retrieval_window(wildcards):
+    """The window a baseline's retrieval rows are built for: its model's first Focus variant's, so that the baseline
+    and that Focus run train on the same rows."""
+    return next(iter(P["models"][wildcards.model]["variants"].values()))["window"]
 
 
 def centroid_training(wildcards):

@@ -47,6 +47,7 @@ rule train_full_finetune:
         dtype=model_dtype,
         train=full_finetune_training,
         rows=training_rows(TRAIN),  # seq_len and row counts: focus.pipeline.jobs.TrainingJob
+        retrieval_window=retrieval_window,
         wandb=WANDB,
         group=P["name"],
     threads: 2
@@ -77,6 +78,7 @@ rule train_lora:
         dropout=LORA.get("dropout"),
         train=lora_training,
         rows=training_rows(TRAIN),  # seq_len and row counts: focus.pipeline.jobs.TrainingJob
+        retrieval_window=retrieval_window,
         wandb=WANDB,
         group=P["name"],
     threads: 2

@@ -10,5 +10,6 @@ train_full_finetune(
     dtype=snakemake.params.dtype,
     job=TrainingJob.from_rule(snakemake, labels={**snakemake.wildcards, "variant": "full_finetune"}),
     model_dir=snakemake.output.model,
+    retrieval_window=snakemake.params.retrieval_window,
     processes=snakemake.resources.gpu,  # > 1: that many processes, one per GPU (0 or 1: this one)
 )

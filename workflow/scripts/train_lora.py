@@ -14,4 +14,5 @@ train_lora(
     dropout=snakemake.params.dropout,
     job=TrainingJob.from_rule(snakemake),
     adapter_dir=snakemake.output.adapter,
+    retrieval_window=snakemake.params.retrieval_window,
 )
