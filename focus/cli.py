@@ -1,6 +1,6 @@
 """The `focus` command: the library's main calls from a shell.
 
-    focus train --output runs/books --steps 300 --lr 1e-2 --window 64      # retrofit, train the centroids, save
+    focus train --output runs/books --steps 300 --lr 1e-2 --window 128     # retrofit, train the centroids, save
     focus eval --adapter runs/books/adapter --mode hard --split test         # perplexity (or --tasks arc_easy)
     focus generate --adapter runs/books/adapter --prompt "Once upon a time"  # text through Focus hard decoding
     focus bench --kind decode --lengths 4096 8192 --model ''                 # speed against full attention

@@ -27,7 +27,7 @@ def test_tiny_profile_resolves_every_model_variant_and_method():
     assert profile["results"] == "results/tiny"
     assert profile["methods"] == ["pretrained", "full_finetune", "focus-soft", "focus-hard"]
     smollm2 = profile["models"]["smollm2"]
-    assert smollm2["variants"]["focus"]["window"] == 64 and smollm2["variants"]["focus"]["sink_tokens"] == 1
+    assert smollm2["variants"]["focus"]["window"] == 128 and smollm2["variants"]["focus"]["sink_tokens"] == 1
     assert smollm2["centroids"]["steps"] == 30 and smollm2["centroids"]["lr"] == 1e-2
     # The baseline inherits the model's own budget and overrides only the learning rate.
     gpt2 = profile["models"]["tiny-gpt2"]
