@@ -29,19 +29,23 @@ _log = logging.getLogger(__name__)
 ROUTE_QUERIES = {"key": 0, "query": 1, "kv_head": 2}
 """`FocusConfig.route_queries` as the native step's code."""
 
-READ_KEPT_BELOW = 0.3
+READ_KEPT_BELOW = 0.15
 """The native step reads only the keys its mask keeps when a routing head keeps fewer than this share of the distant
-keys (`step_cost.distant_share`: top-1 of 16 groups 6%, top-2 24%); above it (top-3 of 16: 49%) it builds the mask
-and calls the fused kernel over every key instead. One layer, 9/3 heads, window 64, float32, 2 EPYC cores, random
-keys in 2 of 16 groups, loops built for the CPU (`_build`): the loop 80/140/258/694 us at 1/2/4/8K keys, the fused
-kernel under the mask 117/190/342/694 us, SDPA over every key without a mask 81/156/273/566 us."""
+keys (`step_cost.distant_share`: top-1 of 16 groups, 6%); above it (top-2 of 16, 24%) it builds the mask and calls
+the fused kernel over every key. With random keys the loop reads top-2 faster (one layer, 9/3 heads, 2 EPYC cores:
+80/140/258 us at 1/2/4K keys against the fused kernel's 117/190/342 us), but a trained adapter's groups are uneven
+and its query heads' groups differ, so a key/value head's loop reads the union of theirs: in generate() with the
+default adapter at top-2 (float32, two alternating rounds each) the fused kernel decoded 9.5/9.1 tokens a second after
+an 8K prompt against the loop's 9.1/8.6, and at 1K 13.8/13.3 against 14.0/14.0. The fused kernel stays above 15%."""
 
 
 def _build() -> tuple[str, list[str]]:
     """(extension name, compiler flags). On x86-64 the loops are compiled for this CPU's vector units (-march=native:
-    AVX-512 where it has it, where the default target is SSE2): the top-2 step 1.0-1.1x of SDPA at 1-4K keys against
-    0.8x (one layer, 9/3 heads, 2 EPYC cores). Such a build crashes on an older CPU, and torch's extension cache may
-    be shared between machines (a home folder on a cluster), so the name carries the CPU's feature flags."""
+    AVX-512 where it has it, where the default target is SSE2). With random keys, one layer, 9/3 heads, 2 EPYC cores,
+    this build with its inlined exp reads top-1 at 1/2/4/8K keys in 55/71/125/246 us, the SSE2 build with std::exp in
+    50/78/137/289 us, and top-2 (its loop) in 80/140/258/694 against 96/173/362/781 us. Such a build crashes on an
+    older CPU, and torch's extension cache may be shared between machines (a home folder on a cluster), so the name
+    carries the CPU's feature flags."""
     flags = ["-O3", "-fopenmp-simd"]
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return "focus_native_step", flags

@@ -1,0 +1,74 @@
+"""One build of the native decoding step (`focus/attention/native_step.cpp`, or an older copy of it) on random keys:
+its kept-key loop and its fused kernel under the mask against SDPA over every key, one layer, 9/3 heads, top-1 and
+top-2 of 16 groups, 1-8K keys. Compares builds (compiler flags, source versions), not adapters: a trained adapter's
+uneven groups change which attention wins (`native_step.READ_KEPT_BELOW`).
+
+    .venv/bin/python benchmarks/native_step_builds.py                                  # the package's build flags
+    git show HEAD~3:focus/attention/native_step.cpp > /tmp/old.cpp
+    .venv/bin/python benchmarks/native_step_builds.py --source /tmp/old.cpp --name old --flags -O3 -fopenmp-simd
+
+Prints one line per (top_k, keys): microseconds a call, medians of the best of 3 runs of 300 calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.utils.cpp_extension import load
+
+from focus.attention.native_step import _build
+
+
+def best_microseconds(call, calls: int = 300) -> float:
+    for _ in range(20):
+        call()
+    runs = []
+    for _ in range(3):
+        tic = time.perf_counter()
+        for _ in range(calls):
+            call()
+        runs.append((time.perf_counter() - tic) / calls * 1e6)
+    return min(runs)
+
+
+def main() -> None:
+    name, flags = _build()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--source", default="focus/attention/native_step.cpp")
+    parser.add_argument("--name", default=name, help="extension name (one per build)")
+    parser.add_argument("--flags", nargs="+", default=flags)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    args = parser.parse_args()
+    ext = load(name=args.name, sources=[args.source], extra_cflags=args.flags, verbose=False)
+    dtype = getattr(torch, args.dtype)
+    torch.manual_seed(0)
+    b, heads, k_heads, d, groups, window = 1, 9, 3, 64, 16, 64
+    with torch.no_grad():
+        for top_k in (1, 2):
+            for length in (1024, 2048, 4096, 8192):
+                capacity = length + 64  # a cache with room to grow, as FocusCache's
+                query = torch.randn(b, heads, 1, d, dtype=dtype)
+                key, value = (torch.randn(b, k_heads, capacity, d, dtype=dtype)[:, :, :length] for _ in range(2))
+                chosen = torch.rand(b, k_heads, capacity, groups).topk(top_k, dim=-1).indices
+                bits, key_groups = (1 << chosen).sum(-1), chosen.to(torch.int8)
+                position = torch.tensor([[length - 1]])
+                inv_freq = 1 / (10000 ** (torch.arange(0, d, 2).float() / d))
+                unit = F.normalize(torch.randn(k_heads + heads, groups, d), dim=-1)
+                bias = torch.zeros(k_heads + heads, groups)
+
+                def step(kept_only: bool):  # noqa: B023 (timed at once, inside this iteration)
+                    return ext.masked_step(query, key, value, key_groups, bits, position, inv_freq, unit, bias, None,
+                                           None, 0.1, top_k, window, False, 1, None, kept_only)
+
+                sdpa = best_microseconds(lambda: F.scaled_dot_product_attention(query, key, value, enable_gqa=True))
+                loop, fused = best_microseconds(lambda: step(True)), best_microseconds(lambda: step(False))
+                print(f"{args.name} {args.dtype} top-{top_k} {length} keys: SDPA {sdpa:.0f} us, kept-key loop "
+                      f"{loop:.0f} us ({sdpa / loop:.2f}x), fused kernel under the mask {fused:.0f} us "
+                      f"({sdpa / fused:.2f}x)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
