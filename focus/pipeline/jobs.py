@@ -109,7 +109,9 @@ class TrainingJob:
         trained = rows[self.calibration_rows :]
         return rows[: self.calibration_rows], trained[: self.train_rows] if self.train_rows else trained, eval_data
 
-    def with_retrieval_rows(self, rows: torch.Tensor, tokenizer, window: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def with_retrieval_rows(
+        self, rows: torch.Tensor, tokenizer, window: int | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(`rows` and the retrieval rows after them, their token weights or None): `retrieval_share` of the result
         is retrieval rows (`focus.train.retrieval`), cut from the train split with answers beyond the Focus `window`
         (a baseline passes the window of the Focus run it is compared with, so that both train on the same rows)."""

@@ -35,8 +35,8 @@ def retrieval_rows(
 
     Each row: `facts` facts (fewer where short rows have no room for them all) at random places in its first half,
     then the same facts asked in another order among the last tokens, each answer more than `window` tokens after
-    its fact. `weights[r, t]` weighs the prediction
-    of token t (1 for filler, `answer_weight` for an answer's tokens; column 0 is never predicted).
+    its fact. `weights[r, t]` weighs the prediction of token t (1 for filler, `answer_weight` for an answer's
+    tokens; column 0 is never predicted).
     `filler` is a 1-D tensor of book token ids (the train split); row r draws its passage and its facts from
     `seed` and r alone.
     """
@@ -60,7 +60,8 @@ def retrieval_rows(
 
 
 def _row(tokenizer, filler: torch.Tensor, seq_len: int, window: int, facts: int, rng: random.Random):
-    """(ids, answer spans) of one row, or None when `facts` facts and their questions leave under 2 `window` of filler."""
+    """(ids, answer spans) of one row, or None when `facts` facts and their questions leave under 2 windows of
+    filler."""
     def encode(text: str) -> torch.Tensor:
         return tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids[0]
 
