@@ -7,7 +7,7 @@ uneven groups change which attention wins (`native_step.READ_KEPT_BELOW`).
     git show HEAD~3:focus/attention/native_step.cpp > /tmp/old.cpp
     .venv/bin/python benchmarks/native_step_builds.py --source /tmp/old.cpp --name old --flags -O3 -fopenmp-simd
 
-Prints one line per (top_k, keys): microseconds a call, medians of the best of 3 runs of 300 calls.
+Prints one line per (top_k, keys): microseconds a call, the best of 3 runs of 300 calls each.
 """
 
 from __future__ import annotations
