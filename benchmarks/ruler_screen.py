@@ -35,7 +35,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--tag", default="screen")
-    parser.add_argument("--append", action="store_true", help="keep the rows already in the table (pretrained too)")
+    parser.add_argument("--append", action="store_true", help="keep the rows already in the table (pretrained too; "
+                        "an adapter's rows are replaced only at the tasks and lengths scored again)")
     args = parser.parse_args()
 
     model, tokenizer = load_model(PACKAGED_SMOLLM2, getattr(torch, args.dtype))
@@ -49,7 +50,9 @@ def main() -> None:
         name, folder = spec.split("=", 1)
         load_focus(model, folder)
         set_focus_mode(model, "hard")
-        rows = [row for row in rows if row["model"] != name] + _score(model, tokenizer, name, args)
+        fresh = _score(model, tokenizer, name, args)
+        scored = {(row["model"], row["task"], row["length"]) for row in fresh}  # other lengths' rows stay
+        rows = [row for row in rows if (row["model"], row["task"], row["length"]) not in scored] + fresh
         _write(rows, args)
         remove_focus(model)
     _write(rows, args)  # also rewrites a table kept with --append and no new adapter
