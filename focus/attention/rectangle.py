@@ -57,16 +57,17 @@ def rectangle_entries(groups_q, groups_k, valid, sinks) -> tuple[Entries, KeyRow
     return entries, KeyRows(k_segment // code_span, k_position[k_sort], k_order, q_order)
 
 
-def rectangle_part(q, key, value, entries: Entries, keys: KeyRows, scaling: float, chunk: int,
+def rectangle_part(q, key, value, entries: Entries, keys: KeyRows, scaling: float, chunk: int, window: int = 1,
                     quantum: int = 16, fill: float = 0.8):
-    """Each segment's queries attend to its keys at positions up to theirs. Returns one row per part a query row of
+    """Each segment's queries attend to its keys at least `window` positions before them (window 1: up to their own
+    position; the decomposition's band takes the nearer pairs). Returns one row per part a query row of
     `entries` was attended in (its entry, fp32 output (P, R, D), log-sum-exp (P, R)); a query row that sees none of
     its segment's keys has none.
 
     A segment's queries go in chunks of `chunk`. A chunk sees a prefix of its segment's keys, in two calls merged by
     log-sum-exp: the keys before its first query that fill whole multiples of `quantum` (every query sees all of them:
     no mask, and chunks with prefixes of equal length share one fused kernel call, unpadded), then the rest up to its
-    last query (a thin band with the causal cut as an additive mask).
+    last query's reach (a thin band with the cut as an additive mask).
     """
     b, k_heads, r, length, d = q.shape
     device = q.device
@@ -87,9 +88,15 @@ def rectangle_part(q, key, value, entries: Entries, keys: KeyRows, scaling: floa
         chunk_start = chunk_sizes.cumsum(0) - chunk_sizes
         first_order = keys.query_order[chunk_start]
         key_first = torch.searchsorted(keys.order, first_order - entries.position[chunk_start])  # segment's first
-        before = torch.searchsorted(keys.order, first_order) - key_first  # keys before the chunk's first query
+        # A query sees its segment's keys at least `window` before it: those at positions <= its own - window.
+        reach_first = torch.clamp_min(entries.position[chunk_start] - window, -1)
+        before = torch.searchsorted(keys.order, first_order - entries.position[chunk_start] + reach_first,
+                                    right=True) - key_first  # keys every query of the chunk sees
         full = before // quantum * quantum
-        key_end = torch.searchsorted(keys.order, keys.query_order[chunk_start + chunk_sizes - 1], right=True)
+        last = chunk_start + chunk_sizes - 1
+        reach_last = torch.clamp_min(entries.position[last] - window, -1)
+        key_end = torch.searchsorted(keys.order, keys.query_order[last] - entries.position[last] + reach_last,
+                                     right=True)
 
         def attend(items, k_first, k_count, masked):
             """Chunks `items` against `k_count` keys from `k_first`: an int (all equal, no mask) or one per chunk."""
@@ -103,7 +110,7 @@ def rectangle_part(q, key, value, entries: Entries, keys: KeyRows, scaling: floa
             mask = None
             if masked:
                 allowed = (torch.arange(span, device=device) < k_count[:, None])[:, None, :] & (
-                    keys.position[k_rows][:, None, :] <= entries.position[q_rows][:, :, None])  # (S, w, span)
+                    keys.position[k_rows][:, None, :] <= entries.position[q_rows][:, :, None] - window)  # (S, w, span)
                 mask = torch.where(allowed, 0.0, float("-inf")).to(q.dtype)[:, None]
             if device.type == "cpu":
                 blk_out, blk_lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
