@@ -1,9 +1,10 @@
 """The group part of query-routed hard Focus as rectangles: each segment's queries attend to its keys.
 
 With `route_queries="query"` a segment of subset T has two sides, the queries holding T and the keys holding T. Its
-queries go in chunks; a chunk sees the segment's keys before its first query (all of them: no mask, and chunks whose
-prefixes are equally long share one fused kernel call, unpadded) and a thin band of keys up to its last query (the
-causal cut as an additive mask). Every part returns its log-sum-exp, so `decomposed._merge` sums them exactly.
+queries go in chunks; a chunk sees the segment's keys at least a window before its first query (all of them: no
+mask, and chunks whose prefixes are equally long share one fused kernel call, unpadded) and a thin band of keys up to
+a window before its last query (that cut as an additive mask); the pairs nearer than the window are the band's
+(`decomposed._band_part`). Every part returns its log-sum-exp, so `decomposed._merge` sums them exactly.
 """
 
 from __future__ import annotations
@@ -57,10 +58,10 @@ def rectangle_entries(groups_q, groups_k, valid, sinks) -> tuple[Entries, KeyRow
     return entries, KeyRows(k_segment // code_span, k_position[k_sort], k_order, q_order)
 
 
-def rectangle_part(q, key, value, entries: Entries, keys: KeyRows, scaling: float, chunk: int, window: int = 1,
+def rectangle_part(q, key, value, entries: Entries, keys: KeyRows, scaling: float, chunk: int, window: int,
                     quantum: int = 16, fill: float = 0.8):
-    """Each segment's queries attend to its keys at least `window` positions before them (window 1: up to their own
-    position; the decomposition's band takes the nearer pairs). Returns one row per part a query row of
+    """Each segment's queries attend to its keys at least `window` positions before them (the decomposition's band
+    takes the nearer pairs). Returns one row per part a query row of
     `entries` was attended in (its entry, fp32 output (P, R, D), log-sum-exp (P, R)); a query row that sees none of
     its segment's keys has none.
 
