@@ -87,17 +87,15 @@ def rectangle_part(q, key, value, entries: Entries, keys: KeyRows, scaling: floa
         rank = torch.arange(n, device=device) - (sizes.cumsum(0) - sizes)[seg_of_row]
         _, chunk_sizes = torch.unique_consecutive(seg_of_row * (n + 1) + rank // chunk, return_counts=True)
         chunk_start = chunk_sizes.cumsum(0) - chunk_sizes
-        first_order = keys.query_order[chunk_start]
-        key_first = torch.searchsorted(keys.order, first_order - entries.position[chunk_start])  # segment's first
-        # A query sees its segment's keys at least `window` before it: those at positions <= its own - window.
+        base = keys.query_order[chunk_start] - entries.position[chunk_start]  # segment * L: its keys' order from here
+        key_first = torch.searchsorted(keys.order, base)  # the segment's first key
+        # A query sees its segment's keys at least `window` before it: those at positions <= its own - window (-1:
+        # none, which also keeps the search inside the segment).
         reach_first = torch.clamp_min(entries.position[chunk_start] - window, -1)
-        before = torch.searchsorted(keys.order, first_order - entries.position[chunk_start] + reach_first,
-                                    right=True) - key_first  # keys every query of the chunk sees
+        reach_last = torch.clamp_min(entries.position[chunk_start + chunk_sizes - 1] - window, -1)
+        before = torch.searchsorted(keys.order, base + reach_first, right=True) - key_first  # every query sees these
         full = before // quantum * quantum
-        last = chunk_start + chunk_sizes - 1
-        reach_last = torch.clamp_min(entries.position[last] - window, -1)
-        key_end = torch.searchsorted(keys.order, keys.query_order[last] - entries.position[last] + reach_last,
-                                     right=True)
+        key_end = torch.searchsorted(keys.order, base + reach_last, right=True)
 
         def attend(items, k_first, k_count, masked):
             """Chunks `items` against `k_count` keys from `k_first`: an int (all equal, no mask) or one per chunk."""
