@@ -1,0 +1,43 @@
+"""The pipeline on a local SLURM in tests (tests/test_slurm.py, test_slurm_faults.py): whether one runs, the slice
+of the minimal profile they run, and the SLURM jobs a run left."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from helpers.pipeline import MINI
+
+
+def local_slurm_runs() -> bool:
+    """Whether a local SLURM (`scripts/slurm_local.sh start`) answers with its partition up."""
+    try:
+        states = subprocess.run(["sinfo", "--noheader", "--partition", "local", "--format", "%t"],
+                                capture_output=True, text=True, timeout=10, check=False).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return any(state.rstrip("*") in ("idle", "mix", "alloc") for state in states)
+
+
+SLURM_TESTS = [
+    pytest.mark.slurm,
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.skipif(not local_slurm_runs(), reason="no local SLURM: `sudo scripts/slurm_local.sh start` (CI does)"),
+]
+"""The marks of a SLURM test file: skipped where no local SLURM runs."""
+
+# The minimal profile cut to one job of each kind the pipeline has (W&B report and notebook included): tokenize,
+# centroid training for SmolLM2 and a tiny model, full fine-tune, perplexity, lm-eval, tables, claims, figures.
+SLICE = {key: value for key, value in MINI.items() if key not in ("benchmark", "lora", "long_context", "interpret",
+                                                                   "study")}
+SLICE["harness"] = {**MINI["harness"], "chat_tasks": []}
+
+def slurm_jobs_of(workdir: Path) -> dict[str, list[Path]]:
+    """{rule: its SLURM logs}, from the plugin's log folder (one file per SLURM job, named by its job id)."""
+    jobs: dict[str, list[Path]] = {}
+    for log in (workdir / ".snakemake" / "slurm_logs").rglob("*.log"):
+        rule = next(part for part in log.relative_to(workdir).parts if part.startswith("rule_")).removeprefix("rule_")
+        jobs.setdefault(rule, []).append(log)
+    return jobs

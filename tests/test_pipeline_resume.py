@@ -1,0 +1,55 @@
+"""A pipeline training job killed mid-run resumes from its checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+from helpers.pipeline import MINI, SNAKEMAKE, snakemake, write_config
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+# ---- a training job killed mid-run resumes -------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_killed_training_job_resumes_from_its_checkpoint(tmp_path):
+    config = json.loads(json.dumps(MINI))
+    config.update(name="resume", models={"tiny-llama": {"source": "tiny:llama"}})
+    for section in ("benchmark", "lora", "harness", "long_context", "interpret", "study"):
+        config.pop(section)
+    config["train"].update(full_finetune=None, seq_len=64, retrieval_share=0)  # rows of 64: no room for a fact
+    # 120 steps at about 11 a second here: the kill lands a second after the checkpoint at step 20, far from the end.
+    config["train"]["centroids"].update(steps=120, checkpoint_every=20, log_every=10)
+    path = str(write_config(tmp_path, config))
+    run = tmp_path / "results" / "resume" / "train" / "tiny-llama" / "focus"
+    target = str((run / "summary.json").relative_to(tmp_path))  # targets are relative to --directory
+
+    environ = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    command = [*SNAKEMAKE, target, "--directory", str(tmp_path), "--cores", "2", "--configfile", path]
+    output = open(tmp_path / "first.log", "w")
+    first = subprocess.Popen(command, env=environ, stdout=output, stderr=output, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while not (run / "run" / "checkpoint.pt").exists():
+        ended = first.poll() is not None or time.monotonic() > deadline
+        assert not ended, f"training ended before its first checkpoint:\n{(tmp_path / 'first.log').read_text()}"
+        time.sleep(0.2)
+    time.sleep(1.0)
+    os.killpg(first.pid, signal.SIGKILL)  # the whole job: snakemake and its script
+    first.wait()
+    assert not (run / "summary.json").exists()
+
+    snakemake(tmp_path, "--unlock", "--configfile", path)  # a killed snakemake leaves its lock, as documented
+    snakemake(tmp_path, target, "--configfile", path)  # the default profile sets rerun-incomplete
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["resumed"] is True and summary["final"]["step"] == 120
+    log = (tmp_path / "results" / "resume" / "logs" / "train_focus" / "tiny-llama" / "focus.log").read_text()
+    assert re.search(r"resuming from .*checkpoint\.pt at step [1-9]\d* of 120", log)
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(set(steps)) and steps[-1] == 120  # no step logged twice across the kill

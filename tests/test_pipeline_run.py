@@ -1,0 +1,165 @@
+"""The Snakemake pipeline run for real on a minimal profile (real SmolLM2 and a tiny Qwen2): its artifacts, its W&B
+run file read back, the HTML report, --forcerun."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from helpers import wandb_file
+from helpers.pipeline import MINI, job_counts, snakemake, write_config
+
+from focus.report.claims import CLAIMS
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+# ---- a real run of a minimal profile -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mini_run(tmp_path_factory):
+    """The minimal profile run end to end once, plus its HTML report; returns (workdir, results folder)."""
+    workdir = tmp_path_factory.mktemp("mini")
+    config = write_config(workdir, MINI)
+    snakemake(workdir, "--configfile", str(config))
+    snakemake(workdir, "--configfile", str(config), "--report", str(workdir / "report.html"))
+    return workdir, workdir / "results" / "mini"
+
+
+@pytest.mark.slow
+def test_minimal_run_writes_sane_artifacts(mini_run):
+    _, results = mini_run
+    table = pd.read_csv(results / "tables" / "perplexity.csv")
+    assert len(table) == 2 * 4 + 1  # models x methods, one domain; + the LoRA cell of tiny-qwen2
+    ppl = table.set_index(["model", "method"])["perplexity"]
+    assert 10 < ppl["smollm2", "pretrained"] < 60  # SmolLM2 on books text at context 128
+    for method in ("full_finetune", "focus-soft", "focus-hard"):
+        assert ppl["smollm2", "pretrained"] / 2 < ppl["smollm2", method] < ppl["smollm2", "pretrained"] * 2
+    assert all(30_000 < ppl["tiny-qwen2", method] < 80_000 for method in table["method"].unique())  # random init
+
+    training = pd.read_csv(results / "tables" / "training.csv").set_index(["model", "variant"])
+    assert training.loc[("smollm2", "focus"), "trainable_parameters"] == 30 * 3 * 4 * 64  # layers x kv x G x D
+    assert training.loc[("smollm2", "full_finetune"), "trainable_parameters"] > 100_000_000
+    assert (training["tokens"] == 4 * 2 * 128).all() and not training["resumed"].any()
+    assert all(math.isfinite(loss) for loss in training["train_loss"])
+    assert "| model" in (results / "tables" / "perplexity.md").read_text()
+    for figure in ("loss_curves", "perplexity"):
+        assert (results / "figures" / f"{figure}.png").stat().st_size > 10_000
+        assert (results / "figures" / f"{figure}.svg").read_text().lstrip().startswith("<?xml")
+
+    summary = json.loads((results / "train" / "smollm2" / "focus" / "summary.json").read_text())
+    assert summary["provenance"]["git_commit"] and summary["provenance"]["packages"]["torch"]
+    assert summary["focus_config"]["window"] == 32
+    assert not (results / "train" / "smollm2" / "focus" / "run").exists()  # checkpoint folder removed when done
+    adapter = json.loads((results / "train" / "smollm2" / "focus" / "adapter" / "focus_config.json").read_text())
+    assert adapter["base_model"] == "smollm2-135m-instruct"
+
+    speed = pd.read_csv(results / "bench" / "attention.csv")
+    assert len(speed) == 2 * 2 * 2 and (speed["speedup"] > 0).all() and (speed["theoretical"] > 1).all()
+    assert sorted(set(speed["routing"])) == ["key", "query"]
+    assert len(pd.read_csv(results / "bench" / "prefill.csv")) == 2  # key and query routing
+    assert (results / "bench" / "attention.md").read_text().startswith("Measured on: ")
+
+    # The evaluation stages: one row per (method, task), a real PEFT adapter, every claim judged.
+    truthfulqa = pd.read_csv(results / "tables" / "truthfulqa.csv")
+    methods = ["pretrained", "focus-soft", "focus-hard", "lora_r2_lr1e-3"]
+    assert sorted(truthfulqa["method"]) == sorted(methods * 2) and set(truthfulqa["task"]) == {"truthfulqa_mc1", "truthfulqa_mc2"}
+    assert truthfulqa["chat_template"].all() and (truthfulqa["documents"] == 3).all()
+    benchmarks = pd.read_csv(results / "tables" / "benchmarks.csv")
+    assert sorted(benchmarks["method"]) == sorted(methods) and set(benchmarks["task"]) == {"arc_easy"}  # hellaswag offline
+    record = json.loads((results / "harness" / "tiny-qwen2" / "pretrained.json").read_text())
+    assert record["tasks"]["hellaswag"]["skipped"] == "not in the data mirror and the hub is offline"
+    assert len((results / "harness" / "tiny-qwen2" / "focus-hard_samples" / "arc_easy.jsonl").read_text().splitlines()) == 3
+    lengths = pd.read_csv(results / "tables" / "prompt_lengths.csv").set_index("task")
+    assert lengths.loc["truthfulqa_mc1", "share_focus_differs"] == 1.0  # the 6-shot preamble is longer than 32 tokens
+    assert json.loads((results / "train" / "tiny-qwen2" / "lora_r2_lr1e-3" / "adapter" / "adapter_config.json").read_text())["r"] == 2
+    long_context = pd.read_csv(results / "tables" / "long_context.csv")
+    assert set(long_context["measure"]) == {"perplexity", "needle_accuracy", "needle_key_logprob"}
+    ruler = pd.read_csv(results / "tables" / "ruler.csv")  # niah_single_2 reads essays from the hub: skipped
+    assert len(ruler) == 3 and set(ruler["task"]) == {"niah_single_1"} and set(ruler["documents"]) == {1}
+    record = json.loads((results / "long_context" / "tiny-qwen2" / "focus-hard" / "ruler.json").read_text())
+    assert record["tasks"]["niah_single_2"] == {"skipped": "not in the data mirror and the hub is offline"}
+    claims = pd.read_csv(results / "tables" / "claims.csv")
+    assert "RULER 1 tasks at 256 tokens" in claims.set_index("claim").loc["downstream benchmarks after retrofit", "setting"]
+    assert len(claims) == len(CLAIMS) and set(claims["verdict"]) <= {"holds", "does not hold", "not testable in this profile"}
+
+    study = pd.read_csv(results / "tables" / "study.csv").set_index("design")
+    assert list(study.index) == ["pretrained", "focus"]
+    assert study.loc["pretrained", "books_validation"] == pytest.approx(
+        json.loads((results / "perplexity" / "tiny-qwen2" / "pretrained" / "books.validation.json").read_text())["perplexity"])
+    for column in ("books_validation_soft", "books_validation_hard", "books_test_hard", "ctx128_hard", "needle_hard",
+                   "nmi_category", "nmi_position", "distant_recall", "distant_kept", "train_seconds"):
+        assert math.isfinite(study.loc["focus", column]), column
+    for split in ("validation", "test"):
+        versus = study.loc["focus", [f"books_{split}_hard_vs_pretrained{b}" for b in ("_low", "", "_high")]]
+        assert versus.iloc[1] == pytest.approx(
+            study.loc["focus", f"books_{split}_hard"] / study.loc["pretrained", f"books_{split}"] - 1)
+        assert versus.iloc[0] <= versus.iloc[1] <= versus.iloc[2]  # the paired interval over the windows
+    reference = json.loads((results / "train" / "tiny-qwen2" / "focus" / "summary.json").read_text())["reference_eval"]
+    assert set(reference) == {"pretrained", "init_soft", "init_hard"} and reference["pretrained"] > 1000  # random init
+    assert (results / "figures" / "study_curves.png").stat().st_size > 10_000
+
+    executed = json.loads((results / "notebooks" / "results.ipynb").read_text())
+    outputs = [out for cell in executed["cells"] if cell["cell_type"] == "code" for out in cell["outputs"]]
+    assert not [out for out in outputs if out["output_type"] == "error"] and len(outputs) >= 5
+    groups = next(cell for cell in executed["cells"] if cell.get("id") == "groups")
+    assert "### tiny-qwen2 / focus" in "".join(groups["outputs"][0]["data"]["text/markdown"])
+
+
+@pytest.mark.slow
+def test_wandb_run_file_holds_every_table_and_figure(mini_run):
+    _, results = mini_run
+    record = json.loads((results / "wandb" / "report.json").read_text())
+    assert record["mode"] == "offline"
+    run_file = Path(record["run_file"])
+    assert run_file.is_relative_to(results / "wandb")
+    media = wandb_file.logged_media(run_file)
+    tables = ("perplexity", "training", "attention", "prefill", "benchmarks", "prompt_lengths", "truthfulqa", "lora",
+              "long_context", "ruler", "study", "claims")
+    # interpret/<model>/<variant>/ files are keyed by their stem while one model has them
+    tables = (*tables, "group_layers")
+    figures = ("loss_curves", "perplexity", "speedup", "benchmarks", "prompt_lengths", "truthfulqa", "long_context",
+               "ruler", "study_curves", "group_categories", "group_categories_overview", "group_balance", "group_alignment")
+    assert media == {**{f"tables/{name}": "table-file" for name in tables},
+                     **{f"figures/{name}": "image-file" for name in figures}}
+    # One run per training job, mirroring its metrics.jsonl step for step.
+    runs = 1 + 2 * 2 + 1  # report + 2 models x (Focus, full fine-tune) + 1 LoRA cell
+    assert len(list((results / "wandb").glob("offline-run-*/run-*.wandb"))) == runs
+    train = json.loads((results / "wandb" / "train" / "smollm2" / "focus.json").read_text())
+    assert wandb_file.run_config(train["run_file"])["model"] == "smollm2"
+    metrics = [json.loads(line) for line in (results / "train" / "smollm2" / "focus" / "metrics.jsonl").open()]
+    logged = wandb_file.history(train["run_file"])
+    assert [row["_step"] for row in logged] == [row["step"] for row in metrics]
+    assert [row.get("train/loss") for row in logged] == [row.get("train/loss") for row in metrics]
+
+
+@pytest.mark.slow
+def test_html_report_embeds_tables_and_figures(mini_run):
+    workdir, _ = mini_run
+    html = (workdir / "report.html").read_text()
+    for name in ("perplexity.csv", "training.csv", "loss_curves.png", "perplexity.png", "speedup.png", "attention.csv",
+                 "truthfulqa.csv", "truthfulqa.png", "claims.csv", "long_context.png"):
+        assert name in html
+
+
+@pytest.mark.slow
+def test_forcerun_rebuilds_only_the_rule_and_its_dependants(mini_run):
+    workdir, results = mini_run
+    config = str(workdir / "config.yaml")
+    planned = job_counts(snakemake(workdir, "--configfile", config, "-n", "--forcerun", "train_focus").stdout)
+    assert planned == {"train_focus": 2, "perplexity": 2 * 2, "perplexity_validation": 2 * 2, "benchmarks": 2,
+                       "long_context_perplexity": 2 * 2, "needle": 2, "ruler": 2, "interpret": 1, "evaluation_tables": 1,
+                       "tables": 1, "study": 1, "claims": 1, "figures": 1, "wandb_report": 1,
+                       "notebook": 1, "all": 1}  # not tokenize, the baselines (full, LoRA), or their evaluations
+
+    files = [p for p in results.rglob("*") if p.is_file() and "wandb" not in p.parts]
+    before = {p: p.stat().st_mtime_ns for p in files}
+    snakemake(workdir, "--configfile", config, "--forcerun", "figures")
+    changed = {p.relative_to(results).as_posix() for p in files if p.stat().st_mtime_ns != before[p]}
+    assert changed == {"figures/loss_curves.png", "figures/loss_curves.svg", "figures/perplexity.png",
+                       "figures/perplexity.svg", "notebooks/results.ipynb", "logs/figures.log", "logs/notebook.log",
+                       "logs/wandb_report.log"}
