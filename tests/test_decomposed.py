@@ -47,6 +47,8 @@ CASES = {
     "top2 gqa": dict(b=1, h=4, k_heads=2, length=101, d=16, num_groups=6, top_k=2, window=5, sink_tokens=0),
     "top2 sinks padding": dict(b=2, h=3, k_heads=1, length=77, d=8, num_groups=4, top_k=2, window=7, sink_tokens=2,
                                pad=9),
+    "top2 gqa 6 heads per kv head": dict(b=1, h=12, k_heads=2, length=70, d=8, num_groups=5, top_k=2, window=6,
+                                         sink_tokens=1),
     "top3": dict(b=1, h=2, k_heads=1, length=64, d=8, num_groups=6, top_k=3, window=4, sink_tokens=1),
     "window 1": dict(b=1, h=1, k_heads=1, length=50, d=8, num_groups=3, top_k=1, window=1, sink_tokens=0),
     "window > length": dict(b=1, h=1, k_heads=1, length=40, d=8, num_groups=3, top_k=2, window=64, sink_tokens=1),
@@ -63,6 +65,17 @@ CASES = {
 def test_matches_the_dense_reference(case, backend, routing, one_thread):
     """routing "query": each query head has groups of its own (route_queries="query"), so segments hold queries and
     keys that differ; "kv_head": the query heads of a key/value head share theirs (given once per key/value head)."""
+    check_case(case, backend, routing)
+
+
+@pytest.mark.parametrize("routing", ["query", "kv_head"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_native_rectangles_match_the_dense_reference(case, routing, one_thread):
+    """The rectangles as one native call (`native_rectangle_part`, what a FocusCache(compile_step=True) prefill runs)."""
+    check_case(case, "torch", routing, native=True)
+
+
+def check_case(case: str, backend: str, routing: str, native: bool = False) -> None:
     spec = dict(CASES[case])
     window, sink_tokens = spec.pop("window"), spec.pop("sink_tokens")
     pad, empty = spec.pop("pad", 0), spec.pop("empty", ())
@@ -77,7 +90,7 @@ def test_matches_the_dense_reference(case, backend, routing, one_thread):
     expected = reference(query, key, value, groups, spec["num_groups"], window, valid, sinks,
                          query_groups=per_query_head)
     got = decomposed_hard_attention(query, key, value, groups, window, valid, sinks, backend=backend, block=16,
-                                    query_groups=query_groups)
+                                    query_groups=query_groups, native=native)
     rows = valid[:, None, :, None].expand_as(got)
     torch.testing.assert_close(got[rows], expected[rows], atol=2e-6, rtol=1e-5)
     assert (got[~rows] == 0).all()

@@ -18,13 +18,12 @@ The pattern is the dense reference's (`focus.attention.reference.hard_allowed`):
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.profiler import record_function
 
 from focus.attention.growing_cache import GrowingCache
+from focus.attention.labels import label
 from focus.attention.routing import group_membership
 
 CACHE_INDEX_ATTRIBUTE = "focus_cache_index"
@@ -411,7 +410,7 @@ def sparse_decode_attention(
     # A step's arithmetic takes a few hundred microseconds and every op's dispatch a few more: each line below is
     # one bmm, gather or elementwise op on views, with no broadcasting helpers between them.
     kv_rows = index.query_head_rows(g)  # (B, g) each routing row's row of the (B * K) key/value heads
-    with record_function("focus/step_select"):
+    with label("focus/step_select"):
         positions, drop = _distant_keys(index, query_groups, start, kv_rows)  # (B, g, n)
     key_rows, span = _as_rows(key)
     value_rows, _ = _as_rows(value)

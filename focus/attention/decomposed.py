@@ -42,9 +42,11 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch.profiler import record_function
 
 from focus.attention.fast_path import current_fast_path
+from focus.attention.labels import label
+from focus.attention.native_parts import MAX_DIM as NATIVE_MAX_DIM
+from focus.attention.native_parts import native_band_part, native_rectangle_part
 from focus.attention.rectangle import rectangle_entries, rectangle_part
 from focus.attention.segments import Entries, masked_with_lse, similar_lengths, subset_codes, subset_sign
 
@@ -88,6 +90,7 @@ def decomposed_hard_attention(
     block: int = 64,
     query_groups: torch.Tensor | None = None,
     chunk: int = 64,
+    native: bool = False,
 ) -> torch.Tensor:
     """Hard Focus attention of a full sequence (queries = keys, causal), decomposed.
 
@@ -104,6 +107,8 @@ def decomposed_hard_attention(
             the groups that the query heads of each key/value head share (`"kv_head"`); None: a query takes its
             token's key groups, `groups`.
         chunk: queries per kernel row block of the group part when `query_groups` is given ("torch" backend).
+        native: with `query_groups` ("torch" backend, CPU), the band and the rectangles as native calls
+            (`focus.attention.native_parts`; built on first use, as `FocusCache(compile_step=True)` builds its step).
 
     Returns:
         (B, H, L, D) in the dtype of `query`; rows of padding queries are zero.
@@ -128,22 +133,27 @@ def decomposed_hard_attention(
     if query_groups is not None and backend == "torch":
         # Queries and keys of a segment differ: attend queries to keys (a rectangle), not their union to itself.
         # The window's pairs all go to the band (no group test there); the rectangles take the distant ones.
-        with record_function("focus/decomposed_local"):
-            local_out, local_lse = _band_part(query, key_band, value_band, window, valid, block, scaling)
+        native = native and d <= NATIVE_MAX_DIM
+        with label("focus/decomposed_local"):
+            band = native_band_part(query, key_band, value_band, window, valid, scaling) if native else None
+            local_out, local_lse = band or _band_part(query, key_band, value_band, window, valid, block, scaling)
             local_out = local_out.view(b, k_heads, r, length, d)
             local_lse = local_lse.view(b, k_heads, r, length)
-        with record_function("focus/decomposed_sort"):
+        with label("focus/decomposed_sort"):
             entries, key_rows = rectangle_entries(groups_q, groups, valid, sinks)
-        with record_function("focus/decomposed_groups"):
-            entries, seg_out, seg_lse = rectangle_part(q, key, value, entries, key_rows, scaling, chunk, window)
+        with label("focus/decomposed_groups"):
+            if native:
+                entries, seg_out, seg_lse = native_rectangle_part(q, key, value, entries, key_rows, scaling, window)
+            else:
+                entries, seg_out, seg_lse = rectangle_part(q, key, value, entries, key_rows, scaling, chunk, window)
     else:
-        with record_function("focus/decomposed_local"):
+        with label("focus/decomposed_local"):
             local_out, local_lse = _local_part(q, key, value, groups_q, groups, window, valid, sinks, scaling, block)
-        with record_function("focus/decomposed_sort"):
+        with label("focus/decomposed_sort"):
             entries = _group_entries(groups_q, groups, valid, sinks)
-        with record_function("focus/decomposed_groups"):
+        with label("focus/decomposed_groups"):
             seg_out, seg_lse = _group_part(q, key, value, entries, scaling, backend)
-    with record_function("focus/decomposed_merge"):
+    with label("focus/decomposed_merge"):
         out = _merge(local_out, local_lse, seg_out, seg_lse, entries, valid)  # (B, K, R, L, D)
     return out.reshape(b, h, length, d).to(query.dtype)
 

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.profiler import record_function
 
 from focus.attention.decoding import (
     GroupIndex,
@@ -23,6 +22,7 @@ from focus.attention.decoding import (
 )
 from focus.attention.decomposed import decomposed_hard_attention
 from focus.attention.fast_path import current_fast_path
+from focus.attention.labels import label
 from focus.attention.native_step import READ_KEPT_BELOW, ROUTE_QUERIES, native_step
 from focus.attention.recall import LOSSES_ATTRIBUTE, recall_loss
 from focus.attention.reference import dense_attention, hard_allowed, sdpa_grouped, soft_bias, unmodified_attention
@@ -117,12 +117,12 @@ def _attend(module, query, key, value, attention_mask, scaling, dropout, softcap
         step = (q_len == 1 and config.mode == "hard" and trace is None and config.window < k_len
                 and call.fast_path_applies())
         if step and _native_step_applies(config, index, past, query):
-            with record_function("focus/native_step"):
+            with label("focus/native_step"):
                 return _native_decoding_step(module, call, index, kwargs.get("position_ids"))
         arrived = (key if config.route_on == "key" else value)[:, :, past:]
         arrived_positions = key_positions(kwargs.get("position_ids"), k_len, key.device, first=past)
         valid = None if base_mask is None else base_mask.any(dim=-2)[:, 0, past:]
-        with record_function("focus/index_new_keys"):  # labels for torch.profiler (benchmarks/profile_focus.py)
+        with label("focus/index_new_keys"):  # labels for torch.profiler (benchmarks/profile_focus.py)
             if step:  # the new key and the query heads routed in one pass
                 key_groups, query_groups = step_groups(module, query, arrived, arrived_positions)
             else:
@@ -139,7 +139,7 @@ def _attend(module, query, key, value, attention_mask, scaling, dropout, softcap
     if config.window >= k_len:
         return call.unmodified()
 
-    with record_function("focus/route"):
+    with label("focus/route"):
         routed = route_call(module, query, key_vectors, base_mask, positions)
     if config.objective == "attention_recall" and centroids_training(module):
         # Training for recall: the layer attends as the pretrained model does, and scores its routing against that.
@@ -159,7 +159,7 @@ def _attend(module, query, key, value, attention_mask, scaling, dropout, softcap
         return soft + (hard - soft).detach()
     if config.mode == "soft":
         return _soft_attention(config, call, routed)
-    with record_function("focus/hard_attention"):
+    with label("focus/hard_attention"):
         return _hard_attention(config, call, routed, index)
 
 
@@ -183,7 +183,9 @@ def _hard_attention(
     if call.decomposable():
         if config.route_queries == "kv_head":  # the query heads of a key/value head share its groups: one copy
             query_groups = query_groups[:, :: call.query.shape[1] // call.key.shape[1]]
-        return _decomposed_with_dense_heads(config, call, routed, groups, query_groups)
+        # A FocusCache that runs native steps runs the prefill's band and rectangles natively too (`native_parts`).
+        native = index is not None and index.compile_step and call.query.device.type == "cpu"
+        return _decomposed_with_dense_heads(config, call, routed, groups, query_groups, native)
     allowed = hard_allowed(
         groups[:, :, k_len - q_len :] if query_groups is None else query_groups, groups, config.num_groups,
         config.window, call.base_mask, routed.sinks, routed.dense,
@@ -206,12 +208,12 @@ def _decoding_step(
     routing_heads = k_heads if config.route_queries == "kv_head" else heads
     if index.key_bits is not None and not sparse_step_pays(config.num_groups, config.top_k, routing_heads, k_heads,
                                                            k_len):
-        with record_function("focus/masked_step"):
+        with label("focus/masked_step"):
             base_mask = None if call.base_mask is None else call.base_mask[:, :, -1:]
             return masked_decode_attention(query, key, call.value, index, query_groups, config.window, base_mask,
                                            call.scaling, dense)
     window_valid = None if call.base_mask is None else call.base_mask[:, 0, -1, max(k_len - config.window, 0) :]
-    with record_function("focus/sparse_step"):
+    with label("focus/sparse_step"):
         if routing_heads != heads:  # the query heads of a key/value head share its groups: read them once
             query_groups = query_groups[:, :: heads // k_heads]
         out = sparse_decode_attention(query, key, call.value, index, query_groups, config.window, window_valid,
@@ -255,14 +257,15 @@ def _native_decoding_step(
 
 
 def _decomposed_with_dense_heads(
-    config: FocusConfig, call: AttentionCall, routed: Routed, groups: torch.Tensor, query_groups: torch.Tensor | None
+    config: FocusConfig, call: AttentionCall, routed: Routed, groups: torch.Tensor, query_groups: torch.Tensor | None,
+    native: bool = False,
 ) -> torch.Tensor:
     """A whole sequence's hard Focus (B, H, L, D) by the decomposition, on the sparse heads only: the dense key/value
     heads (`FocusConfig.dense_heads`) and their query heads take the model's own attention instead."""
     dense = routed.dense
     if dense is None:
         return decomposed_hard_attention(call.query, call.key, call.value, groups, config.window, routed.valid,
-                                         routed.sinks, call.scaling, query_groups=query_groups)
+                                         routed.sinks, call.scaling, query_groups=query_groups, native=native)
     r = call.query.shape[1] // call.key.shape[1]
     sparse_kv = (~dense).nonzero().squeeze(1)
     sparse_q = (sparse_kv[:, None] * r + torch.arange(r, device=dense.device)).flatten()
@@ -273,6 +276,7 @@ def _decomposed_with_dense_heads(
             call.query[:, sparse_q], call.key[:, sparse_kv], call.value[:, sparse_kv], groups[:, sparse_kv],
             config.window, routed.valid, routed.sinks, call.scaling,
             query_groups=None if query_groups is None else query_groups[:, sparse_q if per_query_head else sparse_kv],
+            native=native,
         )
     return _with_dense_heads(out, call, dense)
 

@@ -10,6 +10,8 @@
 
 #include <ATen/Parallel.h>
 
+#include "native_math.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -18,6 +20,8 @@
 #include <vector>
 
 namespace {
+
+using focus_native::exp_nonpositive;
 
 // The top_k largest of row[0..n), best first; ties go to the lower index (as torch.topk's CPU kernel keeps them).
 void top_groups(const float* row, int64_t n, int64_t top_k, int64_t* out) {
@@ -120,23 +124,6 @@ void route(const torch::Tensor& query, const torch::Tensor& arrived, torch::Tens
 
 constexpr int64_t CHUNK = 512;  // keys per task: the cache is split so that both cores have work at any batch size
 
-// exp(x) for x <= 0, to about 2 ulp: Cephes' expf polynomial in plain arithmetic, inlined where std::exp is a call.
-inline float exp_nonpositive(float x) {
-  x = std::max(x, -87.0f);  // below it expf is denormal; a softmax weight of 0 to float32 anyway
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;  // x - n ln 2, in two parts
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
-}
 
 // Hard attention of each query head over the keys its mask keeps, read in place: a key is kept when it shares a
 // group with the head (group bits; sinks hold every bit), is local, or its key/value head is dense, and the model's
@@ -310,4 +297,14 @@ torch::Tensor masked_step(const torch::Tensor& query, const torch::Tensor& key, 
   return out;
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("masked_step", &masked_step); }
+// native_rectangle.cpp: the query-routed prefill's rectangles.
+std::tuple<torch::Tensor, torch::Tensor> rectangles(const torch::Tensor& query, const torch::Tensor& key,
+                                                    const torch::Tensor& value, const torch::Tensor& key_first,
+                                                    const torch::Tensor& key_count, double scale,
+                                                    const c10::optional<torch::Tensor>& query_rows,
+                                                    const c10::optional<torch::Tensor>& key_rows);
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("masked_step", &masked_step);
+  m.def("rectangles", &rectangles);
+}

@@ -45,16 +45,22 @@ def _build() -> tuple[str, list[str]]:
     this build with its inlined exp reads top-1 at 1/2/4/8K keys in 55/71/125/246 us, the SSE2 build with std::exp in
     50/78/137/289 us, and top-2 (its loop) in 80/140/258/694 against 96/173/362/781 us. Such a build crashes on an
     older CPU, and torch's extension cache may be shared between machines (a home folder on a cluster), so the name
-    carries the CPU's feature flags."""
-    flags = ["-O3", "-fopenmp-simd"]
+    carries the CPU's feature flags. It also carries the shared header's text: torch's extension cache
+    rebuilds when a source changes, not when a header does."""
+    # -fno-trapping-math: floating-point exceptions are never read, so loops with selects (the softmax weights) vectorize;
+    # the values are IEEE arithmetic as before (no reassociation).
+    # -fopenmp: ATen's parallel_for is an inline OpenMP region, serial in a translation unit built without it (the
+    # native parts then ran on one core).
+    flags = ["-O3", "-fopenmp", "-fno-trapping-math"]
+    header = hashlib.sha1(Path(__file__).with_name("native_math.h").read_bytes()).hexdigest()[:8]
     if platform.machine().lower() not in ("x86_64", "amd64"):
-        return "focus_native_step", flags
+        return f"focus_native_step_{header}", flags
     cpu = platform.processor()
     try:
         cpu = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
     except (OSError, StopIteration):
         pass
-    return f"focus_native_step_{hashlib.sha1(cpu.encode()).hexdigest()[:10]}", flags + ["-march=native"]
+    return f"focus_native_step_{hashlib.sha1(cpu.encode()).hexdigest()[:10]}_{header}", flags + ["-march=native"]
 
 
 @functools.cache
@@ -65,8 +71,9 @@ def native_step():
     _log.info("building Focus's native decoding step (once per machine, about a minute)")
     name, flags = _build()
     try:
-        return load(name=name, sources=[str(Path(__file__).with_name("native_step.cpp"))], extra_cflags=flags,
-                    verbose=False)
+        here = Path(__file__).parent
+        return load(name=name, sources=[str(here / "native_step.cpp"), str(here / "native_rectangle.cpp")],
+                    extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
     except (RuntimeError, OSError, ImportError) as error:  # no compiler or ninja, or a failed build
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise RuntimeError(f"FocusCache(compile_step=True) could not build its native step ({first}); it needs a "

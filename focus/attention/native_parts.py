@@ -1,0 +1,59 @@
+"""The query-routed prefill's parts as native calls (`native_rectangle.cpp`, built with the native decoding step):
+what a `FocusCache(model, compile_step=True)` prefill runs on the CPU instead of the eager parts of
+`focus.attention.decomposed`, with the same pairs and the same (output, log-sum-exp) to merge.
+
+Each query row reads one contiguous run of keys in place: its segment's keys at least a window before it (the
+rectangles), or its key/value head's keys within the window (the band). The eager parts gather keys into padded
+batches for many fused-kernel calls, or mask a block of keys wider than the window.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from focus.attention.native_step import native_step
+from focus.attention.rectangle import KeyRows
+from focus.attention.segments import Entries
+
+MAX_DIM = 256
+"""The largest head size the native parts take (`native_rectangle.cpp`'s MAX_DIM); larger heads run eagerly."""
+
+
+def native_rectangle_part(q, key, value, entries: Entries, keys: KeyRows, scaling: float, window: int):
+    """`rectangle.rectangle_part` as one native call: each query row of `entries` reads its segment's keys at least
+    `window` before it, in place (rows found through their indexes, no gathered copies). One part per query row: its
+    entry, fp32 output (N, R, D) and log-sum-exp (N, R), -inf for a row that sees no key (it weighs 0 in the merge)."""
+    b, k_heads, r, length, d = q.shape
+    flat_q = q.permute(0, 1, 3, 2, 4).reshape(b * k_heads * length, r, d).contiguous()
+    base = keys.query_order - entries.position  # segment * L: where each row's segment starts in the key order
+    first = torch.searchsorted(keys.order, base)
+    reach = torch.clamp_min(entries.position - window, -1)  # -1: no key (and the search stays in the segment)
+    count = torch.searchsorted(keys.order, base + reach, right=True) - first
+    out, lse = native_step().rectangles(
+        flat_q, key.reshape(-1, d).contiguous(), value.reshape(-1, d).contiguous(), first, count, scaling,
+        entries.head * length + entries.position, keys.head * length + keys.position,
+    )
+    return entries, out, lse
+
+
+def native_band_part(query, key, value, window: int, valid: torch.Tensor, scaling: float):
+    """`decomposed._band_part` as one native call: every pair with 0 <= i - j < window (j a real token), outputs
+    (B, H, L, D) fp32 and log-sum-exp (B, H, L) (-inf where a query sees no key). None where padding is not only on
+    the left (a row's keys would not be one run): the eager band takes those."""
+    b, h, length, d = query.shape
+    k_heads = key.shape[1]
+    r = h // k_heads
+    padding = (~valid).sum(dim=1)  # (B,) leading padding tokens, if the padding is only leading
+    position = torch.arange(length, device=query.device)
+    if not torch.equal(valid, position[None] >= padding[:, None]):
+        return None
+    start = torch.maximum(position[None] - window + 1, padding[:, None])  # (B, L) each query's first key
+    count = (position[None] + 1 - start).clamp_min(0)  # a padding query reads nothing
+    rows = torch.arange(b * k_heads, device=query.device).view(b, k_heads, 1) * length  # (B, K, 1) head offsets
+    first = (rows + start[:, None]).flatten()  # rows in (batch, kv head, position) order
+    count = count[:, None].expand(b, k_heads, length).flatten()
+    grouped = query.view(b, k_heads, r, length, d).transpose(2, 3).reshape(b * k_heads * length, r, d).contiguous()
+    out, lse = native_step().rectangles(grouped, key.reshape(-1, d).contiguous(), value.reshape(-1, d).contiguous(),
+                                        first, count, scaling, None, None)
+    out = out.view(b, k_heads, length, r, d).transpose(2, 3).reshape(b, h, length, d)
+    return out, lse.view(b, k_heads, length, r).transpose(2, 3).reshape(b, h, length)
