@@ -26,7 +26,7 @@ namespace {
 
 using focus_native::exp_nonpositive;
 
-constexpr int64_t TILE_ROWS = 16;   // query rows of one segment per tile (times R query heads)
+constexpr int64_t TILE_ROWS = 16;   // query rows per tile (of one segment, or of one band), times R query heads
 constexpr int64_t KEY_BLOCK = 64;   // keys scored, weighed and summed together
 constexpr int64_t TASKS_PER_THREAD = 8;  // tiles are dealt round-robin to this many tasks per thread: balanced work
 
