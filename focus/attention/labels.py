@@ -1,7 +1,7 @@
 """Labels for torch.profiler on Focus's parts (`benchmarks/profile_focus.py` reads them), free when no profiler runs.
 
-`record_function` enters a profiler op even with no profiler on: 10-25 us a call on a 2-core EPYC, where the native
-decoding step of one layer at 1K keys takes about 80 us. A decoding step enters one per layer, so labels are set only
+`record_function` enters a profiler op even with no profiler on: 10-30 us a call on a 2-core EPYC (one thread, a
+training beside it), where the native decoding step of one SmolLM2 layer at 1K keys took 80-150 us. A decoding step enters one per layer, so labels are set only
 while a profiler records (torch's own fast check, which torch.compile's wrappers use the same way).
 """
 
