@@ -98,6 +98,20 @@ def test_decoding_through_the_index_matches_the_dense_reference(case, chunk, ste
     assert calls[0] == one_token_steps  # the sparse step ran where it applies, the dense path elsewhere
 
 
+def test_decoding_under_inference_mode_with_centroids_made_there(step):
+    """Centroids created under torch.inference_mode (a model loaded there) track no version, which the step's router
+    cache keys on: the steps still decode, and match the dense reference."""
+    config = FocusConfig(num_groups=4, top_k=2, window=5, sink_tokens=1, mode="hard", route_queries="query")
+    q, key, v, mask = make_inputs(2, 6, 2, 30, 8, pads=(0, 4))
+    with torch.inference_mode():
+        layer = make_layer(config, 2, 8)
+        layer.layer_idx = 0
+        assert layer.focus_centroids.is_inference()
+        steps, _ = decode(layer, q, key, v, mask, prompt=12)
+        expected = reference_with_dense_heads(layer, q, key, v, mask, scaling=0.4)[:, :, 12:]
+    torch.testing.assert_close(steps, expected, atol=2e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("top_k", [1, 2])
 def test_bfloat16_decoding_error_within_twice_the_reference_error(top_k, step):
     config = FocusConfig(num_groups=4, top_k=top_k, window=5, sink_tokens=1, mode="hard", route_queries="query")

@@ -309,10 +309,12 @@ def step_router(module: nn.Module, k_heads: int, heads: int) -> tuple[torch.Tens
     """The unit centroids of the layer's K key heads then `heads` query heads, (K + heads, G, D), and their group
     bias (the keys' learnt balance bias, none for queries), kept on the module until the centroids or bias change."""
     centroids, bias = module.focus_centroids, module.focus_group_bias
+    # Tensors made under torch.inference_mode track no version: their in-place changes go unseen, so nothing is kept.
+    tracked = not (centroids.is_inference() or bias.is_inference())
     stamp = (id(centroids), centroids.data_ptr(), centroids._version, id(bias), bias.data_ptr(), bias._version, k_heads,
-             heads)
+             heads) if tracked else None
     kept = module.__dict__.get("_focus_step_router")
-    if kept is None or kept[0] != stamp:
+    if kept is None or kept[0] != stamp or stamp is None:
         unit = F.normalize(centroids.detach().float(), dim=-1)  # (K or 1, G, D)
         key_side = unit.expand(k_heads, -1, -1)
         key_bias = bias.detach().float().expand(k_heads, -1)
