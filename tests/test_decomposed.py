@@ -50,6 +50,10 @@ CASES = {
     "top2 gqa 6 heads per kv head": dict(b=1, h=12, k_heads=2, length=70, d=8, num_groups=5, top_k=2, window=6,
                                          sink_tokens=1),
     "top3": dict(b=1, h=2, k_heads=1, length=64, d=8, num_groups=6, top_k=3, window=4, sink_tokens=1),
+    # Head sizes the native kernels unroll (64, 128), with runs of more than one key block (64 keys) and padding.
+    "head size 64": dict(b=2, h=6, k_heads=2, length=300, d=64, num_groups=3, top_k=2, window=70, sink_tokens=1,
+                         pad=11),
+    "head size 128": dict(b=1, h=3, k_heads=1, length=200, d=128, num_groups=2, top_k=1, window=20, sink_tokens=0),
     "window 1": dict(b=1, h=1, k_heads=1, length=50, d=8, num_groups=3, top_k=1, window=1, sink_tokens=0),
     "window > length": dict(b=1, h=1, k_heads=1, length=40, d=8, num_groups=3, top_k=2, window=64, sink_tokens=1),
     "empty groups": dict(b=1, h=2, k_heads=1, length=90, d=8, num_groups=8, top_k=2, window=6, sink_tokens=1,
@@ -71,7 +75,8 @@ def test_matches_the_dense_reference(case, backend, routing, one_thread):
 @pytest.mark.parametrize("routing", ["query", "kv_head"])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_native_rectangles_match_the_dense_reference(case, routing, one_thread):
-    """The rectangles as one native call (`native_rectangle_part`, what a FocusCache(compile_step=True) prefill runs)."""
+    """The band, the rectangles and the merge as native calls (`focus.attention.native_parts`, what a
+    FocusCache(compile_step=True) prefill runs)."""
     check_case(case, "torch", routing, native=True)
 
 

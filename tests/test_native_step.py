@@ -21,11 +21,9 @@ def masked_steps(monkeypatch):
     monkeypatch.setattr(focus.attention.function, "sparse_step_pays", lambda *args: False)
 
 
-@pytest.fixture(params=["kept keys", "fused kernel"])
-def native_indexes(request, monkeypatch):
-    """The layer tests' indexes ask for the native step, as `FocusCache(model, compile_step=True)` makes them; its
-    attention reads the kept keys only, or calls the fused kernel under the mask, whatever the share kept."""
-    monkeypatch.setattr(focus.attention.function, "READ_KEPT_BELOW", 1.0 if request.param == "kept keys" else 0.0)
+@pytest.fixture
+def native_indexes(monkeypatch):
+    """The layer tests' indexes ask for the native step, as `FocusCache(model, compile_step=True)` makes them."""
     made = GroupIndex.__init__
 
     def native(self, *args, **kwargs):
@@ -53,6 +51,22 @@ def test_native_steps_match_the_dense_reference(case):
         expected = reference_with_dense_heads(layer, q, key, v, mask, scaling=0.4)[:, :, 12:]
     torch.testing.assert_close(steps, expected, atol=2e-5, rtol=1e-4)
     assert calls[0] == (0 if layer.focus_config.window >= 41 else 41 - 12)  # every one-token step (sinks: in the prompt)
+
+
+@pytest.mark.usefixtures("native_indexes")
+@pytest.mark.parametrize("head_dim", [64, 128, 24])  # unrolled for 64 and 128, any size otherwise
+def test_native_steps_over_long_caches_match_the_dense_reference(head_dim):
+    """Caches of several chunks (512 keys) and kept-key blocks (64), with padding: every block's rescale and every
+    chunk's merge is exercised, at the head sizes the kept-keys loop is unrolled for and one it is not."""
+    config = FocusConfig(num_groups=4, top_k=2, window=16, sink_tokens=1, mode="hard", route_queries="query")
+    layer = make_layer(config, 2, head_dim)
+    layer.layer_idx = 0
+    q, key, v, mask = make_inputs(2, 6, 2, 1100, head_dim, pads=(0, 30))
+    with torch.no_grad(), counting_native_steps() as calls:
+        steps, _ = decode(layer, q, key, v, mask, prompt=1094)
+        expected = reference_with_dense_heads(layer, q, key, v, mask, scaling=0.4)[:, :, 1094:]
+    torch.testing.assert_close(steps, expected, atol=2e-5, rtol=1e-4)
+    assert calls[0] == 6
 
 
 @pytest.mark.usefixtures("native_indexes")
@@ -107,7 +121,7 @@ def test_native_steps_in_half_precision_route_as_the_eager_steps_within_twice_th
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("top_k", [1, 2])  # the native attention over kept keys (top-1 of 16), the fused kernel (top-2)
+@pytest.mark.parametrize("top_k", [1, 2])
 def test_generate_with_the_native_step_on_smollm2_gives_the_eager_tokens(smollm2, top_k):
     """Greedy generate() through FocusCache(compile_step=True) after a left-padded prompt of real text: the tokens and
     logits of the eager FocusCache, every step past the prompt native, and the prompt's rectangles native."""
@@ -197,8 +211,8 @@ def test_the_native_step_runs_below_its_length_and_where_the_sparse_step_would_n
     index.key_bits = torch.zeros(1, 3, 0, dtype=torch.int64)
     query = torch.zeros(1, 9, 1, 64)
     for route_queries, top_k, native_up_to in (("query", 1, NATIVE_STEP_BELOW), ("kv_head", 2, NATIVE_STEP_BELOW),
-                                               ("query", 2, 70_000)):
+                                               ("query", 2, 1 << 30)):
         config = FocusConfig(num_groups=16, top_k=top_k, route_queries=route_queries)
-        for length in (1024, NATIVE_STEP_BELOW - 1, NATIVE_STEP_BELOW, 65_536):
+        for length in (1024, NATIVE_STEP_BELOW - 1, NATIVE_STEP_BELOW, 2 * NATIVE_STEP_BELOW):
             index.length = length - 1
             assert _native_step_applies(config, index, length - 1, query) == (length < native_up_to), (config, length)

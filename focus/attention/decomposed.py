@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from focus.attention.fast_path import current_fast_path
 from focus.attention.labels import label
 from focus.attention.native_parts import MAX_DIM as NATIVE_MAX_DIM
-from focus.attention.native_parts import native_band_part, native_rectangle_part
+from focus.attention.native_parts import native_band_part, native_merge, native_rectangle_part
 from focus.attention.rectangle import rectangle_entries, rectangle_part
 from focus.attention.segments import Entries, masked_with_lse, similar_lengths, subset_codes, subset_sign
 
@@ -130,10 +130,12 @@ def decomposed_hard_attention(
     groups_q = groups if query_groups is None else query_groups.sort(dim=-1)[0]
 
     q = query.view(b, k_heads, r, length, d)  # (B, K, R, L, D)
+    merge = _merge
     if query_groups is not None and backend == "torch":
         # Queries and keys of a segment differ: attend queries to keys (a rectangle), not their union to itself.
         # The window's pairs all go to the band (no group test there); the rectangles take the distant ones.
         native = native and d <= NATIVE_MAX_DIM
+        merge = native_merge if native else _merge
         with label("focus/decomposed_local"):
             band = native_band_part(query, key_band, value_band, window, valid, scaling) if native else None
             local_out, local_lse = band or _band_part(query, key_band, value_band, window, valid, block, scaling)
@@ -154,7 +156,7 @@ def decomposed_hard_attention(
         with label("focus/decomposed_groups"):
             seg_out, seg_lse = _group_part(q, key, value, entries, scaling, backend)
     with label("focus/decomposed_merge"):
-        out = _merge(local_out, local_lse, seg_out, seg_lse, entries, valid)  # (B, K, R, L, D)
+        out = merge(local_out, local_lse, seg_out, seg_lse, entries, valid)  # (B, K, R, L, D)
     return out.reshape(b, h, length, d).to(query.dtype)
 
 

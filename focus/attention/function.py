@@ -23,7 +23,7 @@ from focus.attention.decoding import (
 from focus.attention.decomposed import decomposed_hard_attention
 from focus.attention.fast_path import current_fast_path
 from focus.attention.labels import label
-from focus.attention.native_step import READ_KEPT_BELOW, ROUTE_QUERIES, native_step
+from focus.attention.native_step import ROUTE_QUERIES, native_step
 from focus.attention.recall import LOSSES_ATTRIBUTE, recall_loss
 from focus.attention.reference import dense_attention, hard_allowed, sdpa_grouped, soft_bias, unmodified_attention
 from focus.attention.routing import (
@@ -39,7 +39,7 @@ from focus.attention.routing import (
     step_router,
     top_k_groups,
 )
-from focus.attention.step_cost import NATIVE_STEP_BELOW, distant_share, sparse_step_pays
+from focus.attention.step_cost import NATIVE_STEP_BELOW, sparse_step_pays
 from focus.config import FocusConfig
 
 FOCUS_ATTENTION = "focus"
@@ -250,7 +250,7 @@ def _native_decoding_step(
         query, key, call.value, index.key_groups, index.key_bits, position, inv_freq, unit, bias,
         None if call.base_mask is None else call.base_mask[:, :, -1:], dense_heads(module, k_heads, key.device),
         config.temperature, config.top_k, config.window, config.route_on == "value", ROUTE_QUERIES[config.route_queries],
-        call.scaling, distant_share(config.num_groups, config.top_k) < READ_KEPT_BELOW,
+        call.scaling,
     )
     index.length = k_len
     return out

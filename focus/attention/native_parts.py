@@ -1,6 +1,6 @@
-"""The query-routed prefill's parts as native calls (`native_rectangle.cpp`, built with the native decoding step):
-what a `FocusCache(model, compile_step=True)` prefill runs on the CPU instead of the eager parts of
-`focus.attention.decomposed`, with the same pairs and the same (output, log-sum-exp) to merge.
+"""The query-routed prefill's parts as native calls (`native_rectangle.cpp`, `native_merge.cpp`, built with the native
+decoding step): what a `FocusCache(model, compile_step=True)` prefill runs on the CPU instead of the eager parts of
+`focus.attention.decomposed`, with the same pairs, the same (output, log-sum-exp) and the same merge.
 
 Each query row reads one contiguous run of keys in place: its segment's keys at least a window before it (the
 rectangles), or its key/value head's keys within the window (the band). The eager parts gather keys into padded
@@ -57,3 +57,16 @@ def native_band_part(query, key, value, window: int, valid: torch.Tensor, scalin
                                         first, count, scaling, None, None)
     out = out.view(b, k_heads, length, r, d).transpose(2, 3).reshape(b, h, length, d)
     return out, lse.view(b, k_heads, length, r).transpose(2, 3).reshape(b, h, length)
+
+
+def native_merge(local_out, local_lse, seg_out, seg_lse, entries: Entries, valid: torch.Tensor) -> torch.Tensor:
+    """`decomposed._merge` as one native call: every query's band part and its segments' signed parts summed at their
+    common maximum, (B, K, R, L, D) float32, zero for padding queries."""
+    rows = entries.member
+    if not bool(rows.all()):
+        seg_out, seg_lse = seg_out[rows], seg_lse[rows]
+    length = local_out.shape[3]
+    part_row = (entries.head[rows] * length + entries.position[rows]).contiguous()
+    return native_step().merge_parts(local_out.float(), local_lse.float(), seg_out.float().contiguous(),
+                                     seg_lse.float().contiguous(), part_row, entries.sign[rows].long().contiguous(),
+                                     valid.contiguous())

@@ -26,7 +26,10 @@ namespace {
 
 using focus_native::exp_nonpositive;
 
-constexpr int64_t TILE_ROWS = 16;   // query rows per tile (of one segment, or of one band), times R query heads
+// Query rows per tile (of one segment, or of one band), times R query heads. A tile copies each block of its keys
+// (transposed) once for all its rows, and wider tiles read more keys past a row's own: a 2K-token SmolLM2 layer's
+// rectangles at top-2 (2 threads) took 54, 44 and 46 ms at 16, 32 and 64 rows.
+constexpr int64_t TILE_ROWS = 32;
 constexpr int64_t KEY_BLOCK = 64;   // keys scored, weighed and summed together
 constexpr int64_t TASKS_PER_THREAD = 8;  // tiles are dealt round-robin to this many tasks per thread: balanced work
 
@@ -51,29 +54,44 @@ std::vector<Tile> tiles_of(const int64_t* key_first, const int64_t* key_count, i
   return tiles;
 }
 
-constexpr int64_t LANES = 8;  // query vectors scored together (one AVX2 register of float32)
-constexpr int64_t KEYS_AT_ONCE = 4;  // keys scored together: each query load feeds four multiply-adds
-constexpr int64_t MAX_DIM = 256;  // the largest head size (a query's sum of values lives on the stack)
+constexpr int64_t QUERIES_AT_ONCE = 4;  // query vectors of a micro-tile (their scores or sums in registers)
+constexpr int64_t WIDE = 16;  // keys scored, or head dimensions summed, by a micro-tile: two AVX2 registers of float32
+constexpr int64_t MAX_DIM = 256;  // the largest head size
+
+// acc (4, WIDE) += the micro-tile's products, over `depth` steps: a[i * a_step + t] * b[t * b_step + u]. Each step
+// loads two vectors of b and broadcasts four numbers of a for eight multiply-adds, the sums staying in registers.
+inline void micro_tile(const float* a, int64_t a_step, const float* b, int64_t b_step, int64_t depth,
+                       float (&acc)[QUERIES_AT_ONCE][WIDE]) {
+  for (int64_t t = 0; t < depth; ++t) {
+    const float* b_t = b + t * b_step;
+    for (int64_t i = 0; i < QUERIES_AT_ONCE; ++i) {
+      const float a_it = a[i * a_step + t];
+#pragma omp simd
+      for (int64_t u = 0; u < WIDE; ++u) acc[i][u] += a_it * b_t[u];
+    }
+  }
+}
 
 // One tile: its query vectors (row, head) against its keys, block by block. `D` is the head size when it is one the
-// loops are unrolled for (0: any, read from `d`): a query's weighted sum of values then lives in registers.
+// loops are unrolled for (a multiple of WIDE; 0: any, read from `d`).
 template <typename scalar_t, int64_t D>
 void attend_tile(const Tile& tile, const scalar_t* q_data, const scalar_t* k_data, const scalar_t* v_data,
                  const int64_t* query_index, const int64_t* key_index,
                  const int64_t* key_first, const int64_t* key_count, int64_t r, int64_t d_runtime, float scale,
                  float* out, float* lse,
-                 std::vector<float>& qt, std::vector<float>& scores, std::vector<float>& acc,
-                 std::vector<float>& kv_block, std::vector<float>& rows_state, std::vector<int64_t>& limits) {
+                 std::vector<float>& qs, std::vector<float>& scores, std::vector<float>& acc,
+                 std::vector<float>& kt, std::vector<float>& vb, std::vector<float>& rows_state,
+                 std::vector<int64_t>& limits) {
   constexpr float none = -std::numeric_limits<float>::infinity();
   const int64_t d = D > 0 ? D : d_runtime;
   const int64_t a_size = tile.rows * r;  // query vectors of the tile: a = row * r + head
-  const int64_t a_pad = (a_size + LANES - 1) / LANES * LANES;
-  // Queries transposed (D, A) and scaled: the scores of LANES queries against a key are one vector per dimension.
-  std::fill(qt.begin(), qt.begin() + d * a_pad, 0.0f);
+  const int64_t a_pad = (a_size + QUERIES_AT_ONCE - 1) / QUERIES_AT_ONCE * QUERIES_AT_ONCE;
+  // Queries (A_pad, D), scaled; padding vectors zero (their weights are zeroed below).
+  std::fill(qs.begin(), qs.begin() + a_pad * d, 0.0f);
   for (int64_t a = 0; a < a_size; ++a) {
     const int64_t row = tile.first_row + a / r;
     const scalar_t* q_row = q_data + ((query_index ? query_index[row] : row) * r + a % r) * d;
-    for (int64_t m = 0; m < d; ++m) qt[m * a_pad + a] = static_cast<float>(q_row[m]) * scale;
+    for (int64_t m = 0; m < d; ++m) qs[a * d + m] = static_cast<float>(q_row[m]) * scale;
   }
   float* best = rows_state.data();  // per query vector: running maximum, sum of weights, the tile's keys it sees
   float* total = best + a_pad;
@@ -86,56 +104,42 @@ void attend_tile(const Tile& tile, const scalar_t* q_data, const scalar_t* k_dat
     lower[a] = key_first[row] - tile.key_first;
     upper[a] = lower[a] + key_count[row];
   }
-  std::fill(best + a_size, best + a_pad, 0.0f);  // padding lanes: any finite maximum (their weights go unread)
-  std::fill(acc.begin(), acc.begin() + a_size * d, 0.0f);
-  const float* zero_row = kv_block.data() + 2 * KEY_BLOCK * d;  // scores of the padding keys (never used)
+  std::fill(acc.begin(), acc.begin() + a_pad * d, 0.0f);
   for (int64_t block = 0; block < tile.key_count; block += KEY_BLOCK) {
     const int64_t width = std::min(KEY_BLOCK, tile.key_count - block);
-    const float* keys;  // the block's keys and values, (width, D) float32 each
-    const float* values;
-    if (std::is_same<scalar_t, float>::value && !key_index) {  // read in place
-      keys = reinterpret_cast<const float*>(k_data) + (tile.key_first + block) * d;
-      values = reinterpret_cast<const float*>(v_data) + (tile.key_first + block) * d;
-    } else {  // gathered (and in float32) once, read by every query of the tile
-      float* k_out = kv_block.data();
-      float* v_out = k_out + KEY_BLOCK * d;
-      for (int64_t j = 0; j < width; ++j) {
-        const int64_t key = tile.key_first + block + j;
-        const int64_t row = key_index ? key_index[key] : key;
-        for (int64_t m = 0; m < d; ++m) {
-          k_out[j * d + m] = static_cast<float>(k_data[row * d + m]);
-          v_out[j * d + m] = static_cast<float>(v_data[row * d + m]);
-        }
-      }
-      keys = k_out;
-      values = v_out;
+    const int64_t width_pad = (width + WIDE - 1) / WIDE * WIDE;
+    // The block's keys transposed, (D, KEY_BLOCK), zero past `width`; its values (width, D), both in float32. Values
+    // are read in place when they already are.
+    const bool in_place = std::is_same<scalar_t, float>::value && !key_index;
+    for (int64_t j = 0; j < width; ++j) {
+      const int64_t key = tile.key_first + block + j;
+      const int64_t row = key_index ? key_index[key] : key;
+      for (int64_t m = 0; m < d; ++m) kt[m * KEY_BLOCK + j] = static_cast<float>(k_data[row * d + m]);
+      if (!in_place)
+        for (int64_t m = 0; m < d; ++m) vb[j * d + m] = static_cast<float>(v_data[row * d + m]);
     }
-    // Scores (width, A_pad), KEYS_AT_ONCE keys by LANES queries at a time, the sums in registers.
-    for (int64_t j0 = 0; j0 < width; j0 += KEYS_AT_ONCE) {
-      const float* key_rows[KEYS_AT_ONCE];
-      for (int64_t t = 0; t < KEYS_AT_ONCE; ++t) key_rows[t] = j0 + t < width ? keys + (j0 + t) * d : zero_row;
-      for (int64_t ab = 0; ab < a_pad; ab += LANES) {
-        float sum[KEYS_AT_ONCE][LANES] = {};
-        for (int64_t m = 0; m < d; ++m) {
-          const float* q_m = &qt[m * a_pad + ab];
-          for (int64_t t = 0; t < KEYS_AT_ONCE; ++t) {
-            const float k_m = key_rows[t][m];
-#pragma omp simd
-            for (int64_t u = 0; u < LANES; ++u) sum[t][u] += q_m[u] * k_m;
-          }
-        }
-        for (int64_t t = 0; t < KEYS_AT_ONCE && j0 + t < width; ++t)
-          std::copy(sum[t], sum[t] + LANES, &scores[(j0 + t) * a_pad + ab]);
+    for (int64_t m = 0; m < d; ++m) std::fill(&kt[m * KEY_BLOCK + width], &kt[m * KEY_BLOCK + width_pad], 0.0f);
+    const float* values = in_place ? reinterpret_cast<const float*>(v_data) + (tile.key_first + block) * d : vb.data();
+    // Scores (A_pad, KEY_BLOCK): micro-tiles of four query vectors by WIDE keys.
+    for (int64_t a0 = 0; a0 < a_pad; a0 += QUERIES_AT_ONCE) {
+      for (int64_t j0 = 0; j0 < width_pad; j0 += WIDE) {
+        float sums[QUERIES_AT_ONCE][WIDE] = {};
+        micro_tile(&qs[a0 * d], d, &kt[j0], KEY_BLOCK, d, sums);
+        for (int64_t i = 0; i < QUERIES_AT_ONCE; ++i)
+          std::copy(sums[i], sums[i] + WIDE, &scores[(a0 + i) * KEY_BLOCK + j0]);
       }
     }
-    for (int64_t a = 0; a < a_size; ++a) {  // a row sees its own run of the tile's keys; online softmax maximum
-      const int64_t from = std::clamp<int64_t>(lower[a] - block, 0, width);
-      const int64_t to = std::clamp<int64_t>(upper[a] - block, from, width);
-      float top = best[a];
-      for (int64_t j = 0; j < from; ++j) scores[j * a_pad + a] = none;
-      for (int64_t j = from; j < to; ++j) top = std::max(top, scores[j * a_pad + a]);
-      for (int64_t j = to; j < width; ++j) scores[j * a_pad + a] = none;
-      if (top == none) continue;  // nothing seen by this query yet
+    // Each query vector sees its own run of the tile's keys: the online softmax's maximum, then the weights in place.
+    for (int64_t a = 0; a < a_pad; ++a) {
+      float* s = &scores[a * KEY_BLOCK];
+      const int64_t from = a < a_size ? std::clamp<int64_t>(lower[a] - block, 0, width) : 0;
+      const int64_t to = a < a_size ? std::clamp<int64_t>(upper[a] - block, from, width) : 0;
+      float top = a < a_size ? best[a] : none;
+      for (int64_t j = from; j < to; ++j) top = std::max(top, s[j]);
+      if (top == none) {  // nothing seen by this query yet (or a padding vector): no weight
+        std::fill(s, s + width_pad, 0.0f);
+        continue;
+      }
       if (top > best[a]) {  // rescale what was summed to the new maximum
         const float shrink = best[a] == none ? 0.0f : exp_nonpositive(best[a] - top);
         total[a] *= shrink;
@@ -144,31 +148,34 @@ void attend_tile(const Tile& tile, const scalar_t* q_data, const scalar_t* k_dat
         for (int64_t m = 0; m < d; ++m) acc_a[m] *= shrink;
         best[a] = top;
       }
-    }
-    for (int64_t j = 0; j < width; ++j) {  // weights, in place of the scores
-      float* s = &scores[j * a_pad];
-#pragma omp simd
-      for (int64_t a = 0; a < a_pad; ++a) {
-        const float shifted = s[a] - best[a];
-        const float weight = exp_nonpositive(shifted < 0.0f ? shifted : 0.0f);
-        s[a] = s[a] == none ? 0.0f : weight;
-      }
-    }
-    for (int64_t a = 0; a < a_size; ++a) {  // weighted values of each query, its sum in registers
-      if (best[a] == none) continue;
-      float sum[D > 0 ? D : MAX_DIM];
-      float* acc_a = &acc[a * d];
-      std::copy(acc_a, acc_a + d, sum);
       float weights = 0.0f;
-      for (int64_t j = 0; j < width; ++j) {
-        const float w = scores[j * a_pad + a];
-        weights += w;
-        const float* value_row = values + j * d;
-#pragma omp simd
-        for (int64_t m = 0; m < d; ++m) sum[m] += w * value_row[m];
+#pragma omp simd reduction(+ : weights)
+      for (int64_t j = 0; j < width_pad; ++j) {
+        const float shifted = s[j] - top;
+        const float weight = exp_nonpositive(shifted < 0.0f ? shifted : 0.0f);
+        s[j] = j >= from && j < to ? weight : 0.0f;
+        weights += s[j];
       }
-      std::copy(sum, sum + d, acc_a);
       total[a] += weights;
+    }
+    // Weighted values: acc (A_pad, D) += weights (A_pad, width) x values (width, D), micro-tiles of four query
+    // vectors by WIDE head dimensions (any head size: one dimension at a time).
+    for (int64_t a0 = 0; a0 < a_pad; a0 += QUERIES_AT_ONCE) {
+      if (D > 0) {
+        for (int64_t m0 = 0; m0 < d; m0 += WIDE) {
+          float sums[QUERIES_AT_ONCE][WIDE];
+          for (int64_t i = 0; i < QUERIES_AT_ONCE; ++i) std::copy(&acc[(a0 + i) * d + m0], &acc[(a0 + i) * d + m0] + WIDE, sums[i]);
+          micro_tile(&scores[a0 * KEY_BLOCK], KEY_BLOCK, values + m0, d, width, sums);
+          for (int64_t i = 0; i < QUERIES_AT_ONCE; ++i) std::copy(sums[i], sums[i] + WIDE, &acc[(a0 + i) * d + m0]);
+        }
+      } else {
+        for (int64_t i = 0; i < QUERIES_AT_ONCE; ++i) {
+          float* acc_a = &acc[(a0 + i) * d];
+          const float* w = &scores[(a0 + i) * KEY_BLOCK];
+          for (int64_t j = 0; j < width; ++j)
+            for (int64_t m = 0; m < d; ++m) acc_a[m] += w[j] * values[j * d + m];
+        }
+      }
     }
   }
   for (int64_t a = 0; a < a_size; ++a) {
@@ -224,9 +231,9 @@ std::tuple<torch::Tensor, torch::Tensor> rectangles(const torch::Tensor& query, 
     float* out_data = out.data_ptr<float>();
     float* lse_data = lse.data_ptr<float>();
     at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
-      const int64_t a_pad = (TILE_ROWS * r + LANES - 1) / LANES * LANES;
-      std::vector<float> qt(d * a_pad), scores(KEY_BLOCK * a_pad), acc(TILE_ROWS * r * d);
-      std::vector<float> kv_block((2 * KEY_BLOCK + 1) * d, 0.0f);  // a block in float32, then a row of zeros
+      const int64_t a_pad = (TILE_ROWS * r + QUERIES_AT_ONCE - 1) / QUERIES_AT_ONCE * QUERIES_AT_ONCE;
+      std::vector<float> qs(a_pad * d), scores(a_pad * KEY_BLOCK), acc(a_pad * d);
+      std::vector<float> kt(d * KEY_BLOCK), vb(KEY_BLOCK * d);  // a block's keys (transposed) and values, float32
       std::vector<float> rows_state(2 * a_pad);
       std::vector<int64_t> limits(2 * a_pad);
       for (int64_t task = begin; task < end; ++task) {
@@ -234,8 +241,8 @@ std::tuple<torch::Tensor, torch::Tensor> rectangles(const torch::Tensor& query, 
           auto tile = [&](auto head_size) {
             attend_tile<scalar_t, decltype(head_size)::value>(tiles[t], q_data, k_data, v_data, q_index, k_index,
                                                                first, count, r, d,
-                                                               static_cast<float>(scale), out_data, lse_data, qt,
-                                                               scores, acc, kv_block, rows_state, limits);
+                                                               static_cast<float>(scale), out_data, lse_data, qs,
+                                                               scores, acc, kt, vb, rows_state, limits);
           };
           if (d == 64) tile(std::integral_constant<int64_t, 64>());
           else if (d == 128) tile(std::integral_constant<int64_t, 128>());

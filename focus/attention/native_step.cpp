@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -123,7 +124,82 @@ void route(const torch::Tensor& query, const torch::Tensor& arrived, torch::Tens
 }
 
 constexpr int64_t CHUNK = 512;  // keys per task: the cache is split so that both cores have work at any batch size
+constexpr int64_t KEPT_BLOCK = 64;  // kept keys scored, weighed and summed together
 
+// One task's chunk of keys for the R query heads of a key/value head: first the keys any of them keeps (with a bit
+// per head that keeps it), then those keys block by block: scores of every head, one rescale per head and block, the
+// weights by a vectorised exp, the weighted values summed in registers when the head size is `D` (0: any, from `d`).
+template <typename scalar_t, int64_t D>
+void attend_chunk(const float* q, const int64_t* mine, int64_t r, int64_t d_runtime, const scalar_t* keys,
+                  const scalar_t* values, int64_t key_step, int64_t value_step, const int64_t* bits,
+                  const bool* allowed, int64_t mask_step, bool all, int64_t local, int64_t from, int64_t stop,
+                  float* best, float* total, float* acc, int64_t* kept, int64_t* kept_by, float* scores) {
+  constexpr float none = -std::numeric_limits<float>::infinity();
+  const int64_t d = D > 0 ? D : d_runtime;
+  int64_t any_bits = 0;  // a key sharing no group with any of the R heads is skipped at once
+  for (int64_t i = 0; i < r; ++i) any_bits |= mine[i];
+  int64_t n = 0;
+  for (int64_t j = from; j < stop; ++j) {
+    const bool near = all || j >= local;
+    const int64_t key_groups = bits[j];
+    if (!near && (key_groups & any_bits) == 0) continue;
+    if (allowed && !allowed[j * mask_step]) continue;
+    int64_t by = 0;
+    for (int64_t i = 0; i < r; ++i) by |= static_cast<int64_t>(near || (key_groups & mine[i]) != 0) << i;
+    kept[n] = j;
+    kept_by[n++] = by;
+  }
+  for (int64_t block = 0; block < n; block += KEPT_BLOCK) {
+    const int64_t width = std::min(KEPT_BLOCK, n - block);
+    for (int64_t t = 0; t < width; ++t) {  // scores (R, width): a key row is read once for the R heads
+      const scalar_t* key_row = keys + kept[block + t] * key_step;
+      for (int64_t i = 0; i < r; ++i) {
+        float score = none;
+        if (kept_by[block + t] >> i & 1) {
+          const float* q_i = q + i * d;
+          score = 0;
+#pragma omp simd reduction(+ : score)
+          for (int64_t m = 0; m < d; ++m) score += q_i[m] * static_cast<float>(key_row[m]);
+        }
+        scores[i * KEPT_BLOCK + t] = score;
+      }
+    }
+    for (int64_t i = 0; i < r; ++i) {
+      float* s = scores + i * KEPT_BLOCK;
+      float top = best[i];
+      for (int64_t t = 0; t < width; ++t) top = std::max(top, s[t]);
+      if (top == none) continue;  // this head keeps none of the block's keys, nor kept any before
+      float* acc_i = acc + i * d;
+      if (top > best[i]) {  // a new maximum: what was summed so far is rescaled to it
+        const float shrink = best[i] == none ? 0.0f : exp_nonpositive(best[i] - top);
+        total[i] *= shrink;
+#pragma omp simd
+        for (int64_t m = 0; m < d; ++m) acc_i[m] *= shrink;
+        best[i] = top;
+      }
+      float weights = 0.0f;
+#pragma omp simd reduction(+ : weights)
+      for (int64_t t = 0; t < width; ++t) {
+        const float shifted = s[t] - top;
+        const float weight = exp_nonpositive(shifted < 0.0f ? shifted : 0.0f);
+        s[t] = s[t] == none ? 0.0f : weight;
+        weights += s[t];
+      }
+      total[i] += weights;
+      float sum[D > 0 ? D : 1];
+      float* into = D > 0 ? sum : acc_i;  // any head size: summed in place
+      if (D > 0) std::copy(acc_i, acc_i + d, sum);
+      for (int64_t t = 0; t < width; ++t) {
+        if (!(kept_by[block + t] >> i & 1)) continue;
+        const float w = s[t];
+        const scalar_t* value_row = values + kept[block + t] * value_step;
+#pragma omp simd
+        for (int64_t m = 0; m < d; ++m) into[m] += w * static_cast<float>(value_row[m]);
+      }
+      if (D > 0) std::copy(sum, sum + d, acc_i);
+    }
+  }
+}
 
 // Hard attention of each query head over the keys its mask keeps, read in place: a key is kept when it shares a
 // group with the head (group bits; sinks hold every bit), is local, or its key/value head is dense, and the model's
@@ -137,9 +213,10 @@ void attend_kept(const torch::Tensor& query, const torch::Tensor& key, const tor
                  int64_t window, double scale, torch::Tensor& out) {
   const int64_t b_size = query.size(0), heads = query.size(1), d = query.size(3);
   const int64_t k_heads = key.size(1), length = key.size(2), r = heads / k_heads;
+  TORCH_CHECK(r <= 62, "masked_step: at most 62 query heads per key/value head");  // a bit per head in kept_by
   const int64_t local = std::max<int64_t>(length - window, 0), chunks = (length + CHUNK - 1) / CHUNK;
   const int64_t tasks = b_size * k_heads * chunks;
-  std::vector<float> best(tasks * r), total(tasks * r), acc(tasks * r * d);
+  std::vector<float> best(tasks * r, -std::numeric_limits<float>::infinity()), total(tasks * r), acc(tasks * r * d);
   const scalar_t* q_data = query.data_ptr<scalar_t>();
   const scalar_t* k_data = key.data_ptr<scalar_t>();
   const scalar_t* v_data = value.data_ptr<scalar_t>();
@@ -153,8 +230,8 @@ void attend_kept(const torch::Tensor& query, const torch::Tensor& key, const tor
   const int64_t v_batch = value.stride(0), v_head = value.stride(1), bit_batch = key_bits.stride(0);
   const int64_t bit_head = key_bits.stride(1), mask_batch = base_mask ? base_mask->stride(0) : 0;
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> q(r * d);
-    std::vector<int64_t> mine(r);
+    std::vector<float> q(r * d), scores(r * KEPT_BLOCK);
+    std::vector<int64_t> mine(r), kept(CHUNK), kept_by(CHUNK);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / (k_heads * chunks), k = task / chunks % k_heads, c = task % chunks;
       for (int64_t i = 0; i < r; ++i) {
@@ -162,45 +239,17 @@ void attend_kept(const torch::Tensor& query, const torch::Tensor& key, const tor
         for (int64_t m = 0; m < d; ++m) q[i * d + m] = static_cast<float>(q_row[m]) * static_cast<float>(scale);
         mine[i] = query_bits[b * heads + k * r + i];
       }
-      float* task_best = &best[task * r];
-      float* task_total = &total[task * r];
-      float* task_acc = &acc[task * r * d];
-      std::fill(task_best, task_best + r, -std::numeric_limits<float>::infinity());
-      const scalar_t* keys = k_data + b * k_batch + k * k_head;
-      const scalar_t* values = v_data + b * v_batch + k * v_head;
-      const int64_t* bits = bit_data + b * bit_batch + k * bit_head;
-      const bool* allowed = mask_data ? mask_data + b * mask_batch : nullptr;
-      const bool all = dense_heads && dense_heads[k];
-      int64_t any_bits = 0;  // a key sharing no group with any of the R heads is skipped at once
-      for (int64_t i = 0; i < r; ++i) any_bits |= mine[i];
-      const int64_t stop = std::min(length, (c + 1) * CHUNK);
-      for (int64_t j = c * CHUNK; j < stop; ++j) {
-        const bool near = all || j >= local;
-        const int64_t key_groups = bits[j];
-        if (!near && (key_groups & any_bits) == 0) continue;
-        if (allowed && !allowed[j * mask_step]) continue;
-        const scalar_t* key_row = keys + j * key_step;
-        const scalar_t* value_row = values + j * value_step;
-        for (int64_t i = 0; i < r; ++i) {
-          if (!near && (key_groups & mine[i]) == 0) continue;
-          const float* q_i = &q[i * d];
-          float score = 0;
-#pragma omp simd reduction(+ : score)
-          for (int64_t m = 0; m < d; ++m) score += q_i[m] * static_cast<float>(key_row[m]);
-          float* acc_i = task_acc + i * d;
-          if (score > task_best[i]) {  // a new maximum: what was summed so far is rescaled to it
-            const float shrink = exp_nonpositive(task_best[i] - score);
-            task_total[i] *= shrink;
-#pragma omp simd
-            for (int64_t m = 0; m < d; ++m) acc_i[m] *= shrink;
-            task_best[i] = score;
-          }
-          const float weight = exp_nonpositive(score - task_best[i]);
-          task_total[i] += weight;
-#pragma omp simd
-          for (int64_t m = 0; m < d; ++m) acc_i[m] += weight * static_cast<float>(value_row[m]);
-        }
-      }
+      auto chunk = [&](auto head_size) {
+        attend_chunk<scalar_t, decltype(head_size)::value>(
+            q.data(), mine.data(), r, d, k_data + b * k_batch + k * k_head, v_data + b * v_batch + k * v_head,
+            key_step, value_step, bit_data + b * bit_batch + k * bit_head,
+            mask_data ? mask_data + b * mask_batch : nullptr, mask_step, dense_heads && dense_heads[k], local,
+            c * CHUNK, std::min(length, (c + 1) * CHUNK), &best[task * r], &total[task * r], &acc[task * r * d],
+            kept.data(), kept_by.data(), scores.data());
+      };
+      if (d == 64) chunk(std::integral_constant<int64_t, 64>());
+      else if (d == 128) chunk(std::integral_constant<int64_t, 128>());
+      else chunk(std::integral_constant<int64_t, 0>());
     }
   });
   scalar_t* o_data = out.data_ptr<scalar_t>();
@@ -227,35 +276,6 @@ void attend_kept(const torch::Tensor& query, const torch::Tensor& key, const tor
   }
 }
 
-// The hard mask (B, K, R, L) for the fused kernel, 0 where attention_kept would read a key and -inf elsewhere.
-template <typename scalar_t>
-torch::Tensor hard_mask(const torch::Tensor& query, const torch::Tensor& key_bits,
-                        const std::vector<int64_t>& query_bits, const c10::optional<torch::Tensor>& base_mask,
-                        const c10::optional<torch::Tensor>& dense, int64_t length, int64_t window) {
-  const int64_t b_size = query.size(0), heads = query.size(1), k_heads = key_bits.size(1), r = heads / k_heads;
-  auto mask = torch::empty({b_size, k_heads, r, length}, query.options());
-  const int64_t local = std::max<int64_t>(length - window, 0);
-  const scalar_t zero(0), blocked(-std::numeric_limits<float>::infinity());
-  const bool* dense_heads = dense ? dense->data_ptr<bool>() : nullptr;
-  for (int64_t b = 0; b < b_size; ++b) {
-    const bool* allowed = base_mask ? base_mask->data_ptr<bool>() + b * base_mask->stride(0) : nullptr;
-    const int64_t mask_step = base_mask ? base_mask->stride(3) : 0;
-    for (int64_t k = 0; k < k_heads; ++k) {
-      const int64_t* bits = key_bits.data_ptr<int64_t>() + b * key_bits.stride(0) + k * key_bits.stride(1);
-      const bool all = dense_heads && dense_heads[k];
-      for (int64_t i = 0; i < r; ++i) {
-        scalar_t* out = mask.data_ptr<scalar_t>() + ((b * k_heads + k) * r + i) * length;
-        const int64_t mine = query_bits[b * heads + k * r + i];
-        for (int64_t j = 0; j < local; ++j) out[j] = (all || (bits[j] & mine) != 0) ? zero : blocked;
-        for (int64_t j = local; j < length; ++j) out[j] = zero;
-        if (allowed)
-          for (int64_t j = 0; j < length; ++j) out[j] = allowed[j * mask_step] ? out[j] : blocked;
-      }
-    }
-  }
-  return mask;
-}
-
 }  // namespace
 
 torch::Tensor masked_step(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
@@ -263,8 +283,7 @@ torch::Tensor masked_step(const torch::Tensor& query, const torch::Tensor& key, 
                           const c10::optional<torch::Tensor>& inv_freq, const torch::Tensor& unit,
                           const torch::Tensor& bias, const c10::optional<torch::Tensor>& base_mask,
                           const c10::optional<torch::Tensor>& dense, double temperature, int64_t top_k,
-                          int64_t window, bool route_on_value, int64_t route_queries, c10::optional<double> scaling,
-                          bool kept_only) {
+                          int64_t window, bool route_on_value, int64_t route_queries, c10::optional<double> scaling) {
   const int64_t b = query.size(0), heads = query.size(1), d = query.size(3);
   const int64_t k_heads = key.size(1), length = key.size(2);
   TORCH_CHECK(query.device().is_cpu() && query.size(2) == 1, "masked_step: one CPU query token per row");
@@ -286,13 +305,7 @@ torch::Tensor masked_step(const torch::Tensor& query, const torch::Tensor& key, 
       route<scalar_t, int16_t>(query, arrived, key_groups, key_bits, positions, inv_freq, unit, bias, base_mask,
                                length, temperature, top_k, route_queries, query_bits);
     }
-    if (kept_only) {
-      attend_kept<scalar_t>(query, key, value, key_bits, query_bits, base_mask, dense, window, scale, out);
-    } else {  // many keys kept: the fused kernel over every key under the mask reads them faster
-      const auto mask = hard_mask<scalar_t>(query, key_bits, query_bits, base_mask, dense, length, window);
-      out = at::scaled_dot_product_attention(query.view({b, k_heads, heads / k_heads, d}), key, value, mask, 0.0,
-                                             false, scaling).view({b, heads, 1, d});
-    }
+    attend_kept<scalar_t>(query, key, value, key_bits, query_bits, base_mask, dense, window, scale, out);
   });
   return out;
 }
@@ -304,7 +317,13 @@ std::tuple<torch::Tensor, torch::Tensor> rectangles(const torch::Tensor& query, 
                                                     const c10::optional<torch::Tensor>& query_rows,
                                                     const c10::optional<torch::Tensor>& key_rows);
 
+// native_merge.cpp: the query-routed prefill's merge.
+torch::Tensor merge_parts(const torch::Tensor& local_out, const torch::Tensor& local_lse, const torch::Tensor& part_out,
+                          const torch::Tensor& part_lse, const torch::Tensor& part_row, const torch::Tensor& part_sign,
+                          const torch::Tensor& valid);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("masked_step", &masked_step);
   m.def("rectangles", &rectangles);
+  m.def("merge_parts", &merge_parts);
 }

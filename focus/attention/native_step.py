@@ -5,9 +5,12 @@ layer's eager step routes the new key and the query heads (rotary undone, cosine
 writes the key's groups and group bits into the index, builds the hard mask from the bits and calls the fused
 attention kernel over every key; some 70 ops and their Python, about 0.4 ms a layer on 2 CPU cores where the
 unmodified attention over 1K keys takes 0.08 ms. The native step routes in plain loops, then attends over the keys
-its mask keeps and only those (one AND of group bits per key, an online softmax per query head in float32, the cache
-cut into chunks over the cores). `torch.compile` of the eager step fused it into 2 kernels of 30 us but kept 110 us
-of guard and wrapper overhead per call, and was slower than eager inside the model (docs/decoding.md).
+its mask keeps and only those (one AND of group bits per key, then blocks of 64 kept keys: their scores, one rescale
+and a vectorised exp per query head, the weighted values summed in registers; an online softmax in float32, the cache
+cut into chunks over the cores). With a trained adapter's uneven groups this beats the fused kernel over every key
+under the mask at top-2 too, where the first, per-key version did not (docs/decoding.md). `torch.compile` of the
+eager step fused it into 2 kernels of 30 us but kept 110 us of guard and wrapper overhead per call, and was slower
+than eager inside the model.
 
 It is compiled with the C++ compiler on first use (about a minute, then cached by torch under
 ~/.cache/torch_extensions), so it is opt-in: `FocusCache(model, compile_step=True)`. CPU tensors only. From
@@ -28,15 +31,6 @@ _log = logging.getLogger(__name__)
 
 ROUTE_QUERIES = {"key": 0, "query": 1, "kv_head": 2}
 """`FocusConfig.route_queries` as the native step's code."""
-
-READ_KEPT_BELOW = 0.15
-"""The native step reads only the keys its mask keeps when a routing head keeps fewer than this share of the distant
-keys (`step_cost.distant_share`: top-1 of 16 groups, 6%); above it (top-2 of 16, 24%) it builds the mask and calls
-the fused kernel over every key. With random keys the loop reads top-2 faster (one layer, 9/3 heads, 2 EPYC cores:
-80/140/258 us at 1/2/4K keys against the fused kernel's 117/190/342 us), but a trained adapter's groups are uneven
-and its query heads' groups differ, so a key/value head's loop reads the union of theirs: in generate() with the
-default adapter at top-2 (float32, two alternating rounds each) the fused kernel decoded 9.5/9.1 tokens a second after
-an 8K prompt against the loop's 9.1/8.6, and at 1K 13.8/13.3 against 14.0/14.0. The fused kernel stays above 15%."""
 
 
 def _build() -> tuple[str, list[str]]:
@@ -72,7 +66,8 @@ def native_step():
     name, flags = _build()
     try:
         here = Path(__file__).parent
-        return load(name=name, sources=[str(here / "native_step.cpp"), str(here / "native_rectangle.cpp")],
+        sources = [str(here / f"native_{part}.cpp") for part in ("step", "rectangle", "merge")]
+        return load(name=name, sources=sources,
                     extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
     except (RuntimeError, OSError, ImportError) as error:  # no compiler or ninja, or a failed build
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

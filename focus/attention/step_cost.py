@@ -22,13 +22,13 @@ a masked step reads in place: the sparse step pays once the keys it skips outwei
 SmolLM2-shaped layer (9/3 heads), 16 groups, window 64, float32: top-1 routed per query head is as fast either way at
 4K (0.42 ms), top-2 routed per key/value head 0.68 against 0.44 ms at 4K and 1.86 against 2.16 ms at 16K."""
 
-NATIVE_STEP_BELOW = 12288
+NATIVE_STEP_BELOW = 65536
 """Below this many cached keys a step runs native (`focus.attention.native_step`) even where the sparse step beats the
-eager masked one: the native step has no op overhead, and at top-1 reads only the keys its mask keeps. Fitted on one
-layer (9/3 heads, 16 groups, window 64, float32, 2 cores; `decode_step_native_fp32.md`): native against sparse, top-1
-per query head 0.17 against 0.48 ms at 4K and 1.73 against 1.39 ms at 16K; top-2 per key/value head 0.36 against
-0.65 ms at 4K and 2.21 against 2.01 ms at 16K (top-1 per key/value head: native faster to 16K, 0.91 against 1.22 ms,
-sparse from 32K, 1.48 against 2.46 ms)."""
+eager masked one: the native step has no op overhead and reads only the keys its mask keeps. One layer (9/3 heads, 16
+groups, window 64, float32, random uneven groups, 2 threads of an AVX2 EPYC; `decode_step_blocked_fp32.md`), native
+against sparse at 32K keys: top-1 6.1x against 4.4x of SDPA per query head, 10.8x against 6.6x per key/value head;
+top-2 2.9x against 1.5x and 4.7x against 2.6x. Longer caches were not measured; the first, per-key native loop had
+lost to the sparse step from 16K on (the bound was 12,288 then)."""
 
 
 def distant_share(num_groups: int, top_k: int) -> float:

@@ -84,9 +84,8 @@ def decode_step_rows(
 
 def _native_masked_step(q, key, value, index: GroupIndex, window: int, routing: str) -> Callable[[], torch.Tensor]:
     """The native step (`focus.attention.native_step`) of this row, with random unit centroids: its routing work is
-    the same whichever groups it picks, and it attends as it would in the model for this top-k."""
-    from focus.attention.native_step import READ_KEPT_BELOW, ROUTE_QUERIES, native_step
-    from focus.attention.step_cost import distant_share
+    the same whichever groups it picks."""
+    from focus.attention.native_step import ROUTE_QUERIES, native_step
 
     b, heads, _, d = q.shape
     k_heads, length = key.shape[1], key.shape[2]
@@ -96,9 +95,8 @@ def _native_masked_step(q, key, value, index: GroupIndex, window: int, routing: 
     positions = torch.full((1, 1), length - 1)
     inv_freq = 1.0 / 10000 ** (torch.arange(0, d, 2).float() / d)
     step = native_step().masked_step
-    kept_only = distant_share(index.num_groups, index.top_k) < READ_KEPT_BELOW
     return lambda: step(q, key, value, index.key_groups, index.key_bits, positions, inv_freq, unit, bias, None, None,
-                        0.1, index.top_k, window, False, ROUTE_QUERIES[routing], None, kept_only)
+                        0.1, index.top_k, window, False, ROUTE_QUERIES[routing], None)
 
 
 def keys_read(index: GroupIndex, query_groups: torch.Tensor, window: int, length: int) -> float:
