@@ -1,11 +1,13 @@
 """One build of the native decoding step (`focus/attention/native_step.cpp`, or an older copy of it) on random keys:
-its kept-key loop and its fused kernel under the mask against SDPA over every key, one layer, 9/3 heads, top-1 and
-top-2 of 16 groups, 1-8K keys. Compares builds (compiler flags, source versions), not adapters: a trained adapter's
-uneven groups change which attention wins (`native_step.READ_KEPT_BELOW`).
+its attention over the kept keys against SDPA over every key, one layer, 9/3 heads, top-1 and top-2 of 16 groups,
+1-8K keys. Compares builds (compiler flags, source versions), not adapters: a trained adapter's groups are uneven.
 
     .venv/bin/python benchmarks/native_step_builds.py                                  # the package's build flags
-    git show HEAD~3:focus/attention/native_step.cpp > /tmp/old.cpp
-    .venv/bin/python benchmarks/native_step_builds.py --source /tmp/old.cpp --name old --flags -O3 -fopenmp-simd
+    mkdir /tmp/old && for part in step rectangle merge; do git show HEAD~3:focus/attention/native_$part.cpp \
+        > /tmp/old/native_$part.cpp; done && cp focus/attention/native_math.h /tmp/old/
+    .venv/bin/python benchmarks/native_step_builds.py --sources /tmp/old/*.cpp --name old --flags -O3 -fopenmp-simd
+
+(Copies from commits since the fused-kernel branch was dropped: older ones take a last `kept_only` argument.)
 
 Prints one line per (top_k, keys): microseconds a call, the best of 3 runs of 300 calls each.
 """
@@ -37,12 +39,14 @@ def best_microseconds(call, calls: int = 300) -> float:
 def main() -> None:
     name, flags = _build()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--source", default="focus/attention/native_step.cpp")
+    parser.add_argument("--sources", nargs="+",
+                        default=[f"focus/attention/native_{part}.cpp" for part in ("step", "rectangle", "merge")])
     parser.add_argument("--name", default=name, help="extension name (one per build)")
     parser.add_argument("--flags", nargs="+", default=flags)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     args = parser.parse_args()
-    ext = load(name=args.name, sources=[args.source], extra_cflags=args.flags, verbose=False)
+    ext = load(name=args.name, sources=args.sources, extra_cflags=args.flags, extra_ldflags=["-fopenmp"],
+               verbose=False)
     dtype = getattr(torch, args.dtype)
     torch.manual_seed(0)
     b, heads, k_heads, d, groups, window = 1, 9, 3, 64, 16, 64
@@ -59,15 +63,14 @@ def main() -> None:
                 unit = F.normalize(torch.randn(k_heads + heads, groups, d), dim=-1)
                 bias = torch.zeros(k_heads + heads, groups)
 
-                def step(kept_only: bool):  # noqa: B023 (timed at once, inside this iteration)
+                def step():  # noqa: B023 (timed at once, inside this iteration)
                     return ext.masked_step(query, key, value, key_groups, bits, position, inv_freq, unit, bias, None,
-                                           None, 0.1, top_k, window, False, 1, None, kept_only)
+                                           None, 0.1, top_k, window, False, 1, None)
 
                 sdpa = best_microseconds(lambda: F.scaled_dot_product_attention(query, key, value, enable_gqa=True))
-                loop, fused = best_microseconds(lambda: step(True)), best_microseconds(lambda: step(False))
-                print(f"{args.name} {args.dtype} top-{top_k} {length} keys: SDPA {sdpa:.0f} us, kept-key loop "
-                      f"{loop:.0f} us ({sdpa / loop:.2f}x), fused kernel under the mask {fused:.0f} us "
-                      f"({sdpa / fused:.2f}x)", flush=True)
+                native = best_microseconds(step)
+                print(f"{args.name} {args.dtype} top-{top_k} {length} keys: SDPA {sdpa:.0f} us, native step "
+                      f"{native:.0f} us ({sdpa / native:.2f}x)", flush=True)
 
 
 if __name__ == "__main__":

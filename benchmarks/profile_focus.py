@@ -24,10 +24,12 @@ from torch.profiler import ProfilerActivity, profile
 from focus import apply_focus, load_focus, remove_focus
 from focus.attention.decoding import FocusCache
 from focus.attention.growing_cache import GrowingCache
+from focus.attention.native_step import native_step
 from focus.config import FocusConfig
 from focus.data import load_corpus, tokenize_corpus
 from focus.files import write_text
 from focus.models import PACKAGED_SMOLLM2, load_model
+from focus.retrofit import set_focus_mode
 
 TOP = 12
 
@@ -40,26 +42,34 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--tag", default="cpu")
+    parser.add_argument("--top-k", type=int, default=None, help="hard top-k (default: the adapter's, or 2)")
+    parser.add_argument("--compile-step", action="store_true",
+                        help="FocusCache(model, compile_step=True): native decoding steps and prefill parts")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
 
     model, tokenizer = load_model(PACKAGED_SMOLLM2, getattr(torch, args.dtype))
     text = tokenize_corpus(load_corpus("books", "validation"), tokenizer)
-    sections = [f"# Focus against the unmodified model, profiled\n\nSmolLM2-135M-Instruct, {args.dtype}, "
-                f"{torch.get_num_threads()} threads, {platform.processor() or platform.machine()}; adapter: "
-                f"{args.adapter or 'k-means of the prompt (untrained)'}; books validation prompts.\n"]
+    header = (f"# Focus against the unmodified model, profiled\n\nSmolLM2-135M-Instruct, {args.dtype}, "
+              f"{torch.get_num_threads()} threads, {platform.processor() or platform.machine()}; adapter: "
+              f"{args.adapter or 'k-means of the prompt (untrained)'}; top-k {args.top_k or 'of the adapter'}; "
+              f"native step and prefill parts: {args.compile_step}; books validation prompts.\n")
+    sections = [header]
     for length in args.lengths:
         ids = text[:length][None]
         with torch.no_grad():
             base = _profiled(model, ids, GrowingCache(config=model.config))
             if args.adapter:
                 load_focus(model, args.adapter)
+                set_focus_mode(model, "hard", **({"top_k": args.top_k} if args.top_k else {}))
             else:
-                apply_focus(model, FocusConfig(num_groups=16, window=64, top_k=2, mode="hard"),
+                apply_focus(model, FocusConfig(num_groups=16, window=64, top_k=args.top_k or 2, mode="hard"),
                             calibration_ids=ids[:, :512])
             try:
-                cache = FocusCache(model)
+                if args.compile_step:
+                    native_step()  # built (or loaded) before the profile
+                cache = FocusCache(model, compile_step=args.compile_step)
                 focus = _profiled(model, ids, cache)
                 balance = _balance(cache)
             finally:
