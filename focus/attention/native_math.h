@@ -24,4 +24,14 @@ inline float exp_nonpositive(float x) {
   return p * __builtin_bit_cast(float, bits);
 }
 
+// The online softmax's move to a new running maximum `top` (> best): the sum of weights and the weighted values
+// summed so far are rescaled to it (nothing is summed yet while best is -inf).
+inline void raise_maximum(float top, float& best, float& total, float* acc, int64_t d) {
+  const float shrink = best == -__builtin_inff() ? 0.0f : exp_nonpositive(best - top);
+  total *= shrink;
+#pragma omp simd
+  for (int64_t m = 0; m < d; ++m) acc[m] *= shrink;
+  best = top;
+}
+
 }  // namespace focus_native

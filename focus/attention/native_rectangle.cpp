@@ -25,6 +25,7 @@
 namespace {
 
 using focus_native::exp_nonpositive;
+using focus_native::raise_maximum;
 
 // Query rows per tile (of one segment, or of one band), times R query heads. A tile copies each block of its keys
 // (transposed) once for all its rows, and wider tiles read more keys past a row's own: a 2K-token SmolLM2 layer's
@@ -140,14 +141,7 @@ void attend_tile(const Tile& tile, const scalar_t* q_data, const scalar_t* k_dat
         std::fill(s, s + width_pad, 0.0f);
         continue;
       }
-      if (top > best[a]) {  // rescale what was summed to the new maximum
-        const float shrink = best[a] == none ? 0.0f : exp_nonpositive(best[a] - top);
-        total[a] *= shrink;
-        float* acc_a = &acc[a * d];
-#pragma omp simd
-        for (int64_t m = 0; m < d; ++m) acc_a[m] *= shrink;
-        best[a] = top;
-      }
+      if (top > best[a]) raise_maximum(top, best[a], total[a], &acc[a * d], d);
       float weights = 0.0f;
 #pragma omp simd reduction(+ : weights)
       for (int64_t j = 0; j < width_pad; ++j) {

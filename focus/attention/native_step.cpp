@@ -23,6 +23,7 @@
 namespace {
 
 using focus_native::exp_nonpositive;
+using focus_native::raise_maximum;
 
 // The top_k largest of row[0..n), best first; ties go to the lower index (as torch.topk's CPU kernel keeps them).
 void top_groups(const float* row, int64_t n, int64_t top_k, int64_t* out) {
@@ -170,13 +171,7 @@ void attend_chunk(const float* q, const int64_t* mine, int64_t r, int64_t d_runt
       for (int64_t t = 0; t < width; ++t) top = std::max(top, s[t]);
       if (top == none) continue;  // this head keeps none of the block's keys, nor kept any before
       float* acc_i = acc + i * d;
-      if (top > best[i]) {  // a new maximum: what was summed so far is rescaled to it
-        const float shrink = best[i] == none ? 0.0f : exp_nonpositive(best[i] - top);
-        total[i] *= shrink;
-#pragma omp simd
-        for (int64_t m = 0; m < d; ++m) acc_i[m] *= shrink;
-        best[i] = top;
-      }
+      if (top > best[i]) raise_maximum(top, best[i], total[i], acc_i, d);
       float weights = 0.0f;
 #pragma omp simd reduction(+ : weights)
       for (int64_t t = 0; t < width; ++t) {
