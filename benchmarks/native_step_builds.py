@@ -3,8 +3,8 @@ its attention over the kept keys against SDPA over every key, one layer, 9/3 hea
 1-8K keys. Compares builds (compiler flags, source versions), not adapters: a trained adapter's groups are uneven.
 
     .venv/bin/python benchmarks/native_step_builds.py                                  # the package's build flags
-    mkdir /tmp/old && for part in step rectangle merge; do git show HEAD~3:focus/attention/native_$part.cpp \
-        > /tmp/old/native_$part.cpp; done && cp focus/attention/native_math.h /tmp/old/
+    mkdir /tmp/old && for part in bindings step rectangle merge; do git show HEAD~3:focus/attention/native_$part.cpp \
+        > /tmp/old/native_$part.cpp; done && cp focus/attention/native_*.h /tmp/old/
     .venv/bin/python benchmarks/native_step_builds.py --sources /tmp/old/*.cpp --name old --flags -O3 -fopenmp-simd
 
 (Copies from commits since the fused-kernel branch was dropped: older ones take a last `kept_only` argument.)
@@ -40,7 +40,7 @@ def main() -> None:
     name, flags = _build()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sources", nargs="+",
-                        default=[f"focus/attention/native_{part}.cpp" for part in ("step", "rectangle", "merge")])
+                        default=[f"focus/attention/native_{part}.cpp" for part in ("bindings", "step", "rectangle", "merge")])
     parser.add_argument("--name", default=name, help="extension name (one per build)")
     parser.add_argument("--flags", nargs="+", default=flags)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])

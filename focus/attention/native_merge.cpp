@@ -5,9 +5,7 @@
 // copies: some 15 ms of a 2K-token SmolLM2 layer's 110 ms. Here each part is read once: the maxima in one pass, the
 // weighted sums in a second, in float32.
 
-#include <torch/extension.h>
-
-#include <ATen/Parallel.h>
+#include "native_aten.h"
 
 #include <algorithm>
 #include <cmath>
@@ -19,9 +17,9 @@
 // pair); part_out (M, R, D) and part_lse (M, R) float32, contiguous; part_row (M,) int64: each part's query as
 // (batch * K + head) * L + position; part_sign (M,) int64, +1 or -1; valid (B, L) bool. Returns (B, K, R, L, D)
 // float32: the merged attention, zero for padding queries.
-torch::Tensor merge_parts(const torch::Tensor& local_out, const torch::Tensor& local_lse, const torch::Tensor& part_out,
-                          const torch::Tensor& part_lse, const torch::Tensor& part_row, const torch::Tensor& part_sign,
-                          const torch::Tensor& valid) {
+at::Tensor merge_parts(const at::Tensor& local_out, const at::Tensor& local_lse, const at::Tensor& part_out,
+                          const at::Tensor& part_lse, const at::Tensor& part_row, const at::Tensor& part_sign,
+                          const at::Tensor& valid) {
   TORCH_CHECK(local_out.dim() == 5 && local_out.scalar_type() == at::kFloat && local_out.stride(4) == 1 &&
                   local_lse.dim() == 4 && local_lse.scalar_type() == at::kFloat,
               "merge_parts: float32 local_out (B, K, R, L, D) and local_lse (B, K, R, L)");
@@ -54,7 +52,7 @@ torch::Tensor merge_parts(const torch::Tensor& local_out, const torch::Tensor& l
     for (int64_t i = 0; i < r; ++i) peak[p_row[m] * r + i] = std::max(peak[p_row[m] * r + i], p_lse[m * r + i]);
 
   // Sums of the weighted parts; the band's first, then every segment part with its sign.
-  auto out = torch::zeros({b_size, k_heads, r, length, d}, local_out.options().memory_format(at::MemoryFormat::Contiguous));
+  auto out = at::zeros({b_size, k_heads, r, length, d}, local_out.options().memory_format(at::MemoryFormat::Contiguous));
   float* o = out.data_ptr<float>();
   std::vector<float> weight(rows * r, 0.0f);
   auto at_row = [&](int64_t row, int64_t i) {  // the output row of (query row, query head)

@@ -8,9 +8,7 @@
 // wider than the window; here tiles of consecutive query rows read their keys in place, block by block, an online
 // softmax in float32, spread over the cores.
 
-#include <torch/extension.h>
-
-#include <ATen/Parallel.h>
+#include "native_aten.h"
 
 #include <algorithm>
 #include <cmath>
@@ -191,11 +189,11 @@ void attend_tile(const Tile& tile, const scalar_t* q_data, const scalar_t* k_dat
 // each query row's first key; key_count (N,): how many keys from it the row sees (rows in an order where the first
 // keys of neighbours are equal or step by one: a segment's rows, or a band's). Returns the output
 // (N, R, D) and log-sum-exp (N, R) in float32; a row with no key gets lse -inf (and zeros).
-std::tuple<torch::Tensor, torch::Tensor> rectangles(const torch::Tensor& query, const torch::Tensor& key,
-                                                    const torch::Tensor& value, const torch::Tensor& key_first,
-                                                    const torch::Tensor& key_count, double scale,
-                                                    const c10::optional<torch::Tensor>& query_rows,
-                                                    const c10::optional<torch::Tensor>& key_rows) {
+std::tuple<at::Tensor, at::Tensor> rectangles(const at::Tensor& query, const at::Tensor& key,
+                                                    const at::Tensor& value, const at::Tensor& key_first,
+                                                    const at::Tensor& key_count, double scale,
+                                                    const c10::optional<at::Tensor>& query_rows,
+                                                    const c10::optional<at::Tensor>& key_rows) {
   TORCH_CHECK(query.device().is_cpu() && query.dim() == 3 && query.is_contiguous() && key.is_contiguous() &&
                   value.is_contiguous() && key.scalar_type() == query.scalar_type() &&
                   value.scalar_type() == query.scalar_type(),
@@ -210,8 +208,8 @@ std::tuple<torch::Tensor, torch::Tensor> rectangles(const torch::Tensor& query, 
   const int64_t n = query_rows ? query_rows->numel() : query.size(0), r = query.size(1), d = query.size(2);
   const int64_t* q_index = query_rows ? query_rows->data_ptr<int64_t>() : nullptr;
   const int64_t* k_index = key_rows ? key_rows->data_ptr<int64_t>() : nullptr;
-  auto out = torch::empty({n, r, d}, query.options().dtype(at::kFloat));
-  auto lse = torch::full({n, r}, -std::numeric_limits<float>::infinity(), query.options().dtype(at::kFloat));
+  auto out = at::empty({n, r, d}, query.options().dtype(at::kFloat));
+  auto lse = at::full({n, r}, -std::numeric_limits<float>::infinity(), query.options().dtype(at::kFloat));
   const int64_t* first = key_first.data_ptr<int64_t>();
   const int64_t* count = key_count.data_ptr<int64_t>();
   const std::vector<Tile> tiles = tiles_of(first, count, n);

@@ -6,9 +6,7 @@
 // Here the routing is a plain loop over a few thousand numbers, and the attention reads only the keys the mask keeps
 // (found by one AND of group bits per key), in chunks spread over the cores.
 
-#include <torch/extension.h>
-
-#include <ATen/Parallel.h>
+#include "native_aten.h"
 
 #include "native_math.h"
 
@@ -41,9 +39,9 @@ void top_groups(const float* row, int64_t n, int64_t top_k, int64_t* out) {
 // Routes the new key and the query heads of every row, writes the key's groups and group bits into the index at
 // position L - 1, and returns each query head's group bits (B * H).
 template <typename scalar_t, typename group_t>
-void route(const torch::Tensor& query, const torch::Tensor& arrived, torch::Tensor& key_groups, torch::Tensor& key_bits,
-           const torch::Tensor& positions, const c10::optional<torch::Tensor>& inv_freq, const torch::Tensor& unit,
-           const torch::Tensor& bias, const c10::optional<torch::Tensor>& base_mask, int64_t length, double temperature,
+void route(const at::Tensor& query, const at::Tensor& arrived, at::Tensor& key_groups, at::Tensor& key_bits,
+           const at::Tensor& positions, const c10::optional<at::Tensor>& inv_freq, const at::Tensor& unit,
+           const at::Tensor& bias, const c10::optional<at::Tensor>& base_mask, int64_t length, double temperature,
            int64_t top_k, int64_t route_queries, std::vector<int64_t>& query_bits_out) {
   const int64_t b_size = query.size(0), heads = query.size(1), d = query.size(3);
   const int64_t k_heads = arrived.size(1), r = heads / k_heads, num_groups = unit.size(1);
@@ -202,10 +200,10 @@ void attend_chunk(const float* q, const int64_t* mine, int64_t r, int64_t d_runt
 // mask. The R query heads of a key/value head walk its keys together (a key kept by several is read once); the cache
 // is cut into chunks of CHUNK keys, each with its own running maximum (online softmax, float32), merged at the end.
 template <typename scalar_t>
-void attend_kept(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
-                 const torch::Tensor& key_bits, const std::vector<int64_t>& query_bits,
-                 const c10::optional<torch::Tensor>& base_mask, const c10::optional<torch::Tensor>& dense,
-                 int64_t window, double scale, torch::Tensor& out) {
+void attend_kept(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                 const at::Tensor& key_bits, const std::vector<int64_t>& query_bits,
+                 const c10::optional<at::Tensor>& base_mask, const c10::optional<at::Tensor>& dense,
+                 int64_t window, double scale, at::Tensor& out) {
   const int64_t b_size = query.size(0), heads = query.size(1), d = query.size(3);
   const int64_t k_heads = key.size(1), length = key.size(2), r = heads / k_heads;
   TORCH_CHECK(r <= 62, "masked_step: at most 62 query heads per key/value head");  // a bit per head in kept_by
@@ -273,11 +271,11 @@ void attend_kept(const torch::Tensor& query, const torch::Tensor& key, const tor
 
 }  // namespace
 
-torch::Tensor masked_step(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
-                          torch::Tensor key_groups, torch::Tensor key_bits, const torch::Tensor& positions,
-                          const c10::optional<torch::Tensor>& inv_freq, const torch::Tensor& unit,
-                          const torch::Tensor& bias, const c10::optional<torch::Tensor>& base_mask,
-                          const c10::optional<torch::Tensor>& dense, double temperature, int64_t top_k,
+at::Tensor masked_step(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                          at::Tensor key_groups, at::Tensor key_bits, const at::Tensor& positions,
+                          const c10::optional<at::Tensor>& inv_freq, const at::Tensor& unit,
+                          const at::Tensor& bias, const c10::optional<at::Tensor>& base_mask,
+                          const c10::optional<at::Tensor>& dense, double temperature, int64_t top_k,
                           int64_t window, bool route_on_value, int64_t route_queries, c10::optional<double> scaling) {
   const int64_t b = query.size(0), heads = query.size(1), d = query.size(3);
   const int64_t k_heads = key.size(1), length = key.size(2);
@@ -290,7 +288,7 @@ torch::Tensor masked_step(const torch::Tensor& query, const torch::Tensor& key, 
   TORCH_CHECK(query.stride(3) == 1 && key.stride(3) == 1 && value.stride(3) == 1 && key_bits.stride(2) == 1,
               "masked_step: rows must be contiguous along the head dimension");
   std::vector<int64_t> query_bits(b * heads);
-  auto out = torch::empty({b, heads, 1, d}, query.options());
+  auto out = at::empty({b, heads, 1, d}, query.options());
   const double scale = scaling ? *scaling : 1.0 / std::sqrt(static_cast<double>(d));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "masked_step", [&] {
     if (key_groups.scalar_type() == at::kChar) {
@@ -303,22 +301,4 @@ torch::Tensor masked_step(const torch::Tensor& query, const torch::Tensor& key, 
     attend_kept<scalar_t>(query, key, value, key_bits, query_bits, base_mask, dense, window, scale, out);
   });
   return out;
-}
-
-// native_rectangle.cpp: the query-routed prefill's rectangles.
-std::tuple<torch::Tensor, torch::Tensor> rectangles(const torch::Tensor& query, const torch::Tensor& key,
-                                                    const torch::Tensor& value, const torch::Tensor& key_first,
-                                                    const torch::Tensor& key_count, double scale,
-                                                    const c10::optional<torch::Tensor>& query_rows,
-                                                    const c10::optional<torch::Tensor>& key_rows);
-
-// native_merge.cpp: the query-routed prefill's merge.
-torch::Tensor merge_parts(const torch::Tensor& local_out, const torch::Tensor& local_lse, const torch::Tensor& part_out,
-                          const torch::Tensor& part_lse, const torch::Tensor& part_row, const torch::Tensor& part_sign,
-                          const torch::Tensor& valid);
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("masked_step", &masked_step);
-  m.def("rectangles", &rectangles);
-  m.def("merge_parts", &merge_parts);
 }

@@ -29,6 +29,9 @@ from pathlib import Path
 
 _log = logging.getLogger(__name__)
 
+HEADERS = ("native_aten.h", "native_math.h")
+"""The headers the native sources share (their text names the build)."""
+
 ROUTE_QUERIES = {"key": 0, "query": 1, "kv_head": 2}
 """`FocusConfig.route_queries` as the native step's code."""
 
@@ -39,14 +42,15 @@ def _build() -> tuple[str, list[str]]:
     this build with its inlined exp reads top-1 at 1/2/4/8K keys in 55/71/125/246 us, the SSE2 build with std::exp in
     50/78/137/289 us, and top-2 (its loop) in 80/140/258/694 against 96/173/362/781 us. Such a build crashes on an
     older CPU, and torch's extension cache may be shared between machines (a home folder on a cluster), so the name
-    carries the CPU's feature flags. It also carries the shared header's text: torch's extension cache
+    carries the CPU's feature flags. It also carries the shared headers' text: torch's extension cache
     rebuilds when a source changes, not when a header does."""
     # -fno-trapping-math: floating-point exceptions are never read, so loops with selects (the softmax weights) vectorize;
     # the values are IEEE arithmetic as before (no reassociation).
     # -fopenmp: ATen's parallel_for is an inline OpenMP region, serial in a translation unit built without it (the
     # native parts then ran on one core).
     flags = ["-O3", "-fopenmp", "-fno-trapping-math"]
-    header = hashlib.sha1(Path(__file__).with_name("native_math.h").read_bytes()).hexdigest()[:8]
+    here = Path(__file__).parent
+    header = hashlib.sha1(b"".join((here / name).read_bytes() for name in HEADERS)).hexdigest()[:8]
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return f"focus_native_step_{header}", flags
     cpu = platform.processor()
@@ -66,7 +70,7 @@ def native_step():
     name, flags = _build()
     try:
         here = Path(__file__).parent
-        sources = [str(here / f"native_{part}.cpp") for part in ("step", "rectangle", "merge")]
+        sources = [str(here / f"native_{part}.cpp") for part in ("bindings", "step", "rectangle", "merge")]
         return load(name=name, sources=sources,
                     extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
     except (RuntimeError, OSError, ImportError) as error:  # no compiler or ninja, or a failed build
