@@ -5,8 +5,10 @@
 // it (keys and query rows packed in (segment, position) order); in the band, the keys of its key/value head within
 // the window. The eager forms gather keys into padded batches per fused-kernel call (about 50 calls for the
 // rectangles of one SmolLM2 layer at 2K tokens, at 2-3x the dense kernel's time per pair) or mask a block of keys
-// wider than the window; here tiles of consecutive query rows read their keys in place, block by block, an online
-// softmax in float32, spread over the cores.
+// wider than the window; here tiles of consecutive query rows read their keys block by block, an online softmax in
+// float32, spread over the cores. Every key is first copied once, transposed in panels of 16 (the layout a
+// matrix-multiply kernel packs its right operand in), and each block's scores and weighted values are products of
+// 6 x 16 micro-tiles held in registers.
 
 #include "native_aten.h"
 
@@ -18,6 +20,10 @@
 #include <type_traits>
 #include <vector>
 
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
 #include "native_math.h"
 
 namespace {
@@ -25,19 +31,25 @@ namespace {
 using focus_native::exp_nonpositive;
 using focus_native::raise_maximum;
 
-// Query rows per tile (of one segment, or of one band), times R query heads. A tile copies each block of its keys
-// (transposed) once for all its rows, and wider tiles read more keys past a row's own: a 2K-token SmolLM2 layer's
-// rectangles at top-2 (2 threads) took 54, 44 and 46 ms at 16, 32 and 64 rows.
+// Query rows per tile (of one segment, or of one band), times R query heads. Wider tiles read more keys past a row's
+// own. When each tile copied its own blocks of keys, a 2K-token SmolLM2 layer's rectangles at top-2 (2 threads) took
+// 54, 44 and 46 ms at 16, 32 and 64 rows; from the shared panels 30, 32 and 48 rows are equal within the noise.
 constexpr int64_t TILE_ROWS = 32;
 constexpr int64_t KEY_BLOCK = 64;   // keys scored, weighed and summed together
 constexpr int64_t TASKS_PER_THREAD = 8;  // tiles are dealt round-robin to this many tasks per thread: balanced work
+
+// Query vectors of a micro-tile: 6 x 16 keeps 12 sums in AVX2 registers, enough to hide the multiply-adds' latency (with
+// 4 x 16 the same layer's band took 12.7 ms, with 6 x 16 10.8 ms).
+constexpr int64_t QUERIES_AT_ONCE = 6;
+constexpr int64_t WIDE = 16;  // keys scored, or head dimensions summed, by a micro-tile: two AVX2 registers of float32
+constexpr int64_t MAX_DIM = 256;  // the largest head size
 
 struct Tile {
   int64_t first_row, rows, key_first, key_count;
 };
 
 // Consecutive rows whose first keys are equal (a segment's rows) or step by one (a band's), at most TILE_ROWS: a tile
-// reads the keys from its first row's first key to the furthest any of its rows reads.
+// reads the keys from the panel of its first row's first key to the furthest any of its rows reads.
 std::vector<Tile> tiles_of(const int64_t* key_first, const int64_t* key_count, int64_t n) {
   std::vector<Tile> tiles;
   for (int64_t i = 0; i < n;) {
@@ -47,39 +59,64 @@ std::vector<Tile> tiles_of(const int64_t* key_first, const int64_t* key_count, i
       stop = std::max(stop, key_first[end] + key_count[end]);
       ++end;
     }
-    if (stop > key_first[i]) tiles.push_back({i, end - i, key_first[i], stop - key_first[i]});
+    const int64_t start = key_first[i] / WIDE * WIDE;  // a panel's first key: the keys before it are not weighed
+    if (stop > key_first[i]) tiles.push_back({i, end - i, start, stop - start});
     i = end;
   }
   return tiles;
 }
 
-constexpr int64_t QUERIES_AT_ONCE = 4;  // query vectors of a micro-tile (their scores or sums in registers)
-constexpr int64_t WIDE = 16;  // keys scored, or head dimensions summed, by a micro-tile: two AVX2 registers of float32
-constexpr int64_t MAX_DIM = 256;  // the largest head size
 
-// acc (4, WIDE) += the micro-tile's products, over `depth` steps: a[i * a_step + t] * b[t * b_step + u]. Each step
-// loads two vectors of b and broadcasts four numbers of a for eight multiply-adds, the sums staying in registers.
-inline void micro_tile(const float* a, int64_t a_step, const float* b, int64_t b_step, int64_t depth,
-                       float (&acc)[QUERIES_AT_ONCE][WIDE]) {
+// c (QUERIES_AT_ONCE rows c_step apart, WIDE columns) = (ADD: c +) the micro-tile's products over `depth` steps:
+// sum over t of a[i * a_step + t] * b[t * b_step + u]. On AVX2 each step loads the two vectors of b once and
+// broadcasts each row's number of a for two fused multiply-adds, the 2 x QUERIES_AT_ONCE sums in registers (left to
+// the compiler, the loop read b again from memory for every row: a load per multiply-add, and the loads bound it).
+template <bool ADD>
+inline void micro_tile(const float* a, int64_t a_step, const float* b, int64_t b_step, int64_t depth, float* c,
+                       int64_t c_step) {
+#if defined(__AVX2__) && defined(__FMA__)
+  __m256 low[QUERIES_AT_ONCE], high[QUERIES_AT_ONCE];
+  for (int64_t i = 0; i < QUERIES_AT_ONCE; ++i) {
+    low[i] = ADD ? _mm256_loadu_ps(c + i * c_step) : _mm256_setzero_ps();
+    high[i] = ADD ? _mm256_loadu_ps(c + i * c_step + 8) : _mm256_setzero_ps();
+  }
+  for (int64_t t = 0; t < depth; ++t) {
+    const __m256 b_low = _mm256_loadu_ps(b + t * b_step), b_high = _mm256_loadu_ps(b + t * b_step + 8);
+    for (int64_t i = 0; i < QUERIES_AT_ONCE; ++i) {
+      const __m256 a_it = _mm256_broadcast_ss(a + i * a_step + t);
+      low[i] = _mm256_fmadd_ps(a_it, b_low, low[i]);
+      high[i] = _mm256_fmadd_ps(a_it, b_high, high[i]);
+    }
+  }
+  for (int64_t i = 0; i < QUERIES_AT_ONCE; ++i) {
+    _mm256_storeu_ps(c + i * c_step, low[i]);
+    _mm256_storeu_ps(c + i * c_step + 8, high[i]);
+  }
+#else
+  float sums[QUERIES_AT_ONCE][WIDE];
+  for (int64_t i = 0; i < QUERIES_AT_ONCE; ++i)
+    for (int64_t u = 0; u < WIDE; ++u) sums[i][u] = ADD ? c[i * c_step + u] : 0.0f;
   for (int64_t t = 0; t < depth; ++t) {
     const float* b_t = b + t * b_step;
     for (int64_t i = 0; i < QUERIES_AT_ONCE; ++i) {
       const float a_it = a[i * a_step + t];
 #pragma omp simd
-      for (int64_t u = 0; u < WIDE; ++u) acc[i][u] += a_it * b_t[u];
+      for (int64_t u = 0; u < WIDE; ++u) sums[i][u] += a_it * b_t[u];
     }
   }
+  for (int64_t i = 0; i < QUERIES_AT_ONCE; ++i) std::copy(sums[i], sums[i] + WIDE, c + i * c_step);
+#endif
 }
 
 // One tile: its query vectors (row, head) against its keys, block by block. `D` is the head size when it is one the
-// loops are unrolled for (a multiple of WIDE; 0: any, read from `d`).
+// loops are unrolled for (a multiple of WIDE; 0: any, read from `d`). The keys come transposed
+// in panels of WIDE keys, (panels, D, WIDE); the values as (keys, D) rows; both float32, in the key order `key_first`
+// counts in.
 template <typename scalar_t, int64_t D>
-void attend_tile(const Tile& tile, const scalar_t* q_data, const scalar_t* k_data, const scalar_t* v_data,
-                 const int64_t* query_index, const int64_t* key_index,
-                 const int64_t* key_first, const int64_t* key_count, int64_t r, int64_t d_runtime, float scale,
-                 float* out, float* lse,
-                 std::vector<float>& qs, std::vector<float>& scores, std::vector<float>& acc,
-                 std::vector<float>& kt, std::vector<float>& vb, std::vector<float>& rows_state,
+void attend_tile(const Tile& tile, const scalar_t* q_data, const float* panels, const float* values,
+                 const int64_t* query_index, const int64_t* key_first, const int64_t* key_count, int64_t r,
+                 int64_t d_runtime, float scale, float* out, float* lse, std::vector<float>& qs,
+                 std::vector<float>& scores, std::vector<float>& acc, std::vector<float>& rows_state,
                  std::vector<int64_t>& limits) {
   constexpr float none = -std::numeric_limits<float>::infinity();
   const int64_t d = D > 0 ? D : d_runtime;
@@ -106,27 +143,13 @@ void attend_tile(const Tile& tile, const scalar_t* q_data, const scalar_t* k_dat
   std::fill(acc.begin(), acc.begin() + a_pad * d, 0.0f);
   for (int64_t block = 0; block < tile.key_count; block += KEY_BLOCK) {
     const int64_t width = std::min(KEY_BLOCK, tile.key_count - block);
-    const int64_t width_pad = (width + WIDE - 1) / WIDE * WIDE;
-    // The block's keys transposed, (D, KEY_BLOCK), zero past `width`; its values (width, D), both in float32. Values
-    // are read in place when they already are.
-    const bool in_place = std::is_same<scalar_t, float>::value && !key_index;
-    for (int64_t j = 0; j < width; ++j) {
-      const int64_t key = tile.key_first + block + j;
-      const int64_t row = key_index ? key_index[key] : key;
-      for (int64_t m = 0; m < d; ++m) kt[m * KEY_BLOCK + j] = static_cast<float>(k_data[row * d + m]);
-      if (!in_place)
-        for (int64_t m = 0; m < d; ++m) vb[j * d + m] = static_cast<float>(v_data[row * d + m]);
-    }
-    for (int64_t m = 0; m < d; ++m) std::fill(&kt[m * KEY_BLOCK + width], &kt[m * KEY_BLOCK + width_pad], 0.0f);
-    const float* values = in_place ? reinterpret_cast<const float*>(v_data) + (tile.key_first + block) * d : vb.data();
+    const int64_t width_pad = (width + WIDE - 1) / WIDE * WIDE;  // columns past `width` are read, never weighed
+    const float* block_keys = panels + (tile.key_first + block) * d;  // its first panel (tiles start at one)
+    const float* block_values = values + (tile.key_first + block) * d;
     // Scores (A_pad, KEY_BLOCK): micro-tiles of four query vectors by WIDE keys.
     for (int64_t a0 = 0; a0 < a_pad; a0 += QUERIES_AT_ONCE) {
-      for (int64_t j0 = 0; j0 < width_pad; j0 += WIDE) {
-        float sums[QUERIES_AT_ONCE][WIDE] = {};
-        micro_tile(&qs[a0 * d], d, &kt[j0], KEY_BLOCK, d, sums);
-        for (int64_t i = 0; i < QUERIES_AT_ONCE; ++i)
-          std::copy(sums[i], sums[i] + WIDE, &scores[(a0 + i) * KEY_BLOCK + j0]);
-      }
+      for (int64_t j0 = 0; j0 < width_pad; j0 += WIDE)
+        micro_tile<false>(&qs[a0 * d], d, block_keys + j0 * d, WIDE, d, &scores[a0 * KEY_BLOCK + j0], KEY_BLOCK);
     }
     // Each query vector sees its own run of the tile's keys: the online softmax's maximum, then the weights in place.
     for (int64_t a = 0; a < a_pad; ++a) {
@@ -134,7 +157,8 @@ void attend_tile(const Tile& tile, const scalar_t* q_data, const scalar_t* k_dat
       const int64_t from = a < a_size ? std::clamp<int64_t>(lower[a] - block, 0, width) : 0;
       const int64_t to = a < a_size ? std::clamp<int64_t>(upper[a] - block, from, width) : 0;
       float top = a < a_size ? best[a] : none;
-      for (int64_t j = from; j < to; ++j) top = std::max(top, s[j]);
+#pragma omp simd reduction(max : top)
+      for (int64_t j = from; j < to; ++j) top = s[j] > top ? s[j] : top;
       if (top == none) {  // nothing seen by this query yet (or a padding vector): no weight
         std::fill(s, s + width_pad, 0.0f);
         continue;
@@ -154,18 +178,14 @@ void attend_tile(const Tile& tile, const scalar_t* q_data, const scalar_t* k_dat
     // vectors by WIDE head dimensions (any head size: one dimension at a time).
     for (int64_t a0 = 0; a0 < a_pad; a0 += QUERIES_AT_ONCE) {
       if (D > 0) {
-        for (int64_t m0 = 0; m0 < d; m0 += WIDE) {
-          float sums[QUERIES_AT_ONCE][WIDE];
-          for (int64_t i = 0; i < QUERIES_AT_ONCE; ++i) std::copy(&acc[(a0 + i) * d + m0], &acc[(a0 + i) * d + m0] + WIDE, sums[i]);
-          micro_tile(&scores[a0 * KEY_BLOCK], KEY_BLOCK, values + m0, d, width, sums);
-          for (int64_t i = 0; i < QUERIES_AT_ONCE; ++i) std::copy(sums[i], sums[i] + WIDE, &acc[(a0 + i) * d + m0]);
-        }
+        for (int64_t m0 = 0; m0 < d; m0 += WIDE)
+          micro_tile<true>(&scores[a0 * KEY_BLOCK], KEY_BLOCK, block_values + m0, d, width, &acc[a0 * d + m0], d);
       } else {
         for (int64_t i = 0; i < QUERIES_AT_ONCE; ++i) {
           float* acc_a = &acc[(a0 + i) * d];
           const float* w = &scores[(a0 + i) * KEY_BLOCK];
           for (int64_t j = 0; j < width; ++j)
-            for (int64_t m = 0; m < d; ++m) acc_a[m] += w[j] * values[j * d + m];
+            for (int64_t m = 0; m < d; ++m) acc_a[m] += w[j] * block_values[j * d + m];
         }
       }
     }
@@ -216,25 +236,46 @@ std::tuple<at::Tensor, at::Tensor> rectangles(const at::Tensor& query, const at:
   // Rows of no tile (no key) keep lse -inf; their output is never read, but is zeroed to be defined.
   out.zero_();
   const int64_t tasks = std::min<int64_t>(tiles.size(), at::get_num_threads() * TASKS_PER_THREAD);
+  // Every key once in float32 for all the tiles that read it (a segment's key is read by most of its tiles): the keys
+  // transposed in panels of WIDE, (panels, D, WIDE) with key j in panel j / WIDE, column j % WIDE (zero past the last
+  // key), so that a micro-tile reads its keys' dimension t as one contiguous vector; the values as (keys, D) rows,
+  // read in place when they already are.
+  const int64_t keys = k_index ? key_rows->numel() : key.size(0);
+  const int64_t panel_count = (keys + WIDE - 1) / WIDE;
+  auto panels = at::zeros({panel_count, d, WIDE}, query.options().dtype(at::kFloat));
+  const bool values_in_place = query.scalar_type() == at::kFloat && !k_index;
+  auto values = values_in_place ? value : at::empty({keys, d}, query.options().dtype(at::kFloat));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "rectangles", [&] {
     const scalar_t* q_data = query.data_ptr<scalar_t>();
     const scalar_t* k_data = key.data_ptr<scalar_t>();
     const scalar_t* v_data = value.data_ptr<scalar_t>();
+    float* panels_data = panels.data_ptr<float>();
+    float* values_data = values.data_ptr<float>();
+    at::parallel_for(0, panel_count, 64, [&](int64_t begin, int64_t end) {
+      for (int64_t panel = begin; panel < end; ++panel) {
+        const int64_t from = panel * WIDE, to = std::min(from + WIDE, keys);
+        float* target = panels_data + panel * d * WIDE;
+        for (int64_t j = from; j < to; ++j) {
+          const int64_t row = k_index ? k_index[j] : j;
+          for (int64_t m = 0; m < d; ++m) target[m * WIDE + j - from] = static_cast<float>(k_data[row * d + m]);
+          if (!values_in_place)
+            for (int64_t m = 0; m < d; ++m) values_data[j * d + m] = static_cast<float>(v_data[row * d + m]);
+        }
+      }
+    });
     float* out_data = out.data_ptr<float>();
     float* lse_data = lse.data_ptr<float>();
     at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
       const int64_t a_pad = (TILE_ROWS * r + QUERIES_AT_ONCE - 1) / QUERIES_AT_ONCE * QUERIES_AT_ONCE;
       std::vector<float> qs(a_pad * d), scores(a_pad * KEY_BLOCK), acc(a_pad * d);
-      std::vector<float> kt(d * KEY_BLOCK), vb(KEY_BLOCK * d);  // a block's keys (transposed) and values, float32
       std::vector<float> rows_state(2 * a_pad);
       std::vector<int64_t> limits(2 * a_pad);
       for (int64_t task = begin; task < end; ++task) {
         for (size_t t = task; t < tiles.size(); t += tasks) {
           auto tile = [&](auto head_size) {
-            attend_tile<scalar_t, decltype(head_size)::value>(tiles[t], q_data, k_data, v_data, q_index, k_index,
-                                                               first, count, r, d,
-                                                               static_cast<float>(scale), out_data, lse_data, qs,
-                                                               scores, acc, kt, vb, rows_state, limits);
+            attend_tile<scalar_t, decltype(head_size)::value>(tiles[t], q_data, panels_data, values_data,
+                                                               q_index, first, count, r, d, static_cast<float>(scale),
+                                                               out_data, lse_data, qs, scores, acc, rows_state, limits);
           };
           if (d == 64) tile(std::integral_constant<int64_t, 64>());
           else if (d == 128) tile(std::integral_constant<int64_t, 128>());
