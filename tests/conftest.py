@@ -21,6 +21,19 @@ def smollm2():
 
 
 @pytest.fixture(scope="session")
+def mini_run(tmp_path_factory):
+    """The minimal profile (helpers.pipeline.MINI) run end to end once, plus its HTML report; returns (workdir,
+    results folder). Session-wide: test_pipeline_run.py reads it, test_slurm.py compares the cluster's tables to it."""
+    from helpers.pipeline import MINI, snakemake, write_config
+
+    workdir = tmp_path_factory.mktemp("mini")
+    config = write_config(workdir, MINI)
+    snakemake(workdir, "--configfile", str(config))
+    snakemake(workdir, "--configfile", str(config), "--report", str(workdir / "report.html"))
+    return workdir, workdir / "results" / "mini"
+
+
+@pytest.fixture(scope="session")
 def tiny_tokenizer():
     """A byte-level BPE tokenizer with 512 ids (<pad>=0, <s>=1, </s>=2, no pad token set) for tiny models."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers

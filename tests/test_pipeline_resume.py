@@ -12,7 +12,7 @@ import time
 import pytest
 from helpers.pipeline import MINI, SNAKEMAKE, snakemake, write_config
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 
 # ---- a training job killed mid-run resumes -------------------------------------------------------------------

@@ -10,24 +10,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from helpers import wandb_file
-from helpers.pipeline import MINI, job_counts, snakemake, write_config
+from helpers.pipeline import job_counts, snakemake
 
 from focus.report.claims import CLAIMS
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 
-# ---- a real run of a minimal profile -------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def mini_run(tmp_path_factory):
-    """The minimal profile run end to end once, plus its HTML report; returns (workdir, results folder)."""
-    workdir = tmp_path_factory.mktemp("mini")
-    config = write_config(workdir, MINI)
-    snakemake(workdir, "--configfile", str(config))
-    snakemake(workdir, "--configfile", str(config), "--report", str(workdir / "report.html"))
-    return workdir, workdir / "results" / "mini"
+# ---- a real run of the minimal profile (the mini_run fixture, tests/conftest.py) -----------------------------
 
 
 @pytest.mark.slow

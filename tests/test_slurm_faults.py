@@ -36,7 +36,17 @@ def training_profile(tmp_path: Path, steps: int) -> tuple[str, Path, str]:
 
 
 def start_cluster_run(workdir: Path, *args: str) -> subprocess.Popen:
-    command = [*SNAKEMAKE, "--workflow-profile", str(ROOT / "profiles" / "slurm-local"), "--max-threads", "1", *args]
+    """Snakemake on the local SLURM in the background (its output in workdir/snakemake.log)."""
+    return _start(workdir, "--workflow-profile", str(ROOT / "profiles" / "slurm-local"), *args)
+
+
+def start_local_run(workdir: Path, *args: str) -> subprocess.Popen:
+    """Snakemake on this machine, one core, in the background (its output in workdir/snakemake.log)."""
+    return _start(workdir, "--cores", "1", *args)
+
+
+def _start(workdir: Path, *args: str) -> subprocess.Popen:
+    command = [*SNAKEMAKE, "--max-threads", "1", *args]
     environ = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     log = open(workdir / "snakemake.log", "w")  # noqa: SIM115 (the child writes it; closed with the process)
     return subprocess.Popen(command, cwd=workdir, env=environ, stdout=log, stderr=log, start_new_session=True)
@@ -65,6 +75,9 @@ def test_a_cancelled_training_job_is_retried_and_resumes_bit_exact(tmp_path):
     cluster, local = tmp_path / "cluster", tmp_path / "local"
     cluster.mkdir()
     path, run, target = training_profile(cluster, steps=200)
+    local_path, local_run, local_target = training_profile(local, steps=200)
+    # The uninterrupted run to compare with, locally, beside the cluster's (one thread each: 2 cores hold both).
+    uninterrupted = start_local_run(local, local_target, "--configfile", local_path)
     first = start_cluster_run(cluster, target, "--configfile", path)
     wait_for(lambda: (run / "run" / "checkpoint.pt").exists(), "first checkpoint", process=first)
     subprocess.run(["scancel", slurm_job_id(TRAINING)], check=True)  # a preemption, as the scheduler does it
@@ -77,12 +90,11 @@ def test_a_cancelled_training_job_is_retried_and_resumes_bit_exact(tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["resumed"] is True and summary["final"]["step"] == 200
 
-    local_path, local_run, local_target = training_profile(local, steps=200)
-    snakemake(local, local_target, "--configfile", local_path)
+    assert uninterrupted.wait(timeout=600) == 0, (local / "snakemake.log").read_text()[-3000:]
     resumed = load_file(run / "adapter" / "focus_centroids.safetensors")
-    uninterrupted = load_file(local_run / "adapter" / "focus_centroids.safetensors")
-    assert resumed.keys() == uninterrupted.keys()
-    assert all(resumed[name].equal(uninterrupted[name]) for name in resumed)
+    whole = load_file(local_run / "adapter" / "focus_centroids.safetensors")
+    assert resumed.keys() == whole.keys()
+    assert all(resumed[name].equal(whole[name]) for name in resumed)
 
 
 def test_a_job_past_its_time_limit_says_so(tmp_path):

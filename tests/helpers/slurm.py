@@ -22,6 +22,7 @@ def local_slurm_runs() -> bool:
 
 
 SLURM_TESTS = [
+    pytest.mark.e2e,
     pytest.mark.slurm,
     pytest.mark.filterwarnings("ignore::DeprecationWarning"),
     pytest.mark.skipif(not local_slurm_runs(), reason="no local SLURM: `sudo scripts/slurm_local.sh start` (CI does)"),
