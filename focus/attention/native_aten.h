@@ -26,7 +26,9 @@ at::Tensor masked_step(const at::Tensor& query, const at::Tensor& key, const at:
 std::tuple<at::Tensor, at::Tensor> rectangles(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                                               const at::Tensor& key_first, const at::Tensor& key_count, double scale,
                                               const c10::optional<at::Tensor>& query_rows,
-                                              const c10::optional<at::Tensor>& key_rows);
+                                              const c10::optional<at::Tensor>& key_rows,
+                                              const c10::optional<at::Tensor>& query_skip,
+                                              const c10::optional<at::Tensor>& key_bits);
 
 // native_merge.cpp: the query-routed prefill's merge.
 at::Tensor merge_parts(const at::Tensor& local_out, const at::Tensor& local_lse, const at::Tensor& part_out,

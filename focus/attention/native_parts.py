@@ -21,8 +21,10 @@ MAX_DIM = 256
 
 def native_rectangle_part(q, key, value, entries: Entries, keys: KeyRows, scaling: float, window: int):
     """`rectangle.rectangle_part` as one native call: each query row of `entries` reads its segment's keys at least
-    `window` before it, in place (rows found through their indexes, no gathered copies). One part per query row: its
-    entry, fp32 output (N, R, D) and log-sum-exp (N, R), -inf for a row that sees no key (it weighs 0 in the merge)."""
+    `window` before it, in place (rows found through their indexes, no gathered copies), skipping the keys that hold
+    a group of its own below its segment's where `keys` says so (`rectangle_entries(once=True)`). One part per query
+    row: its entry, fp32 output (N, R, D) and log-sum-exp (N, R), -inf for a row that sees no key (it weighs 0 in the
+    merge)."""
     b, k_heads, r, length, d = q.shape
     flat_q = q.permute(0, 1, 3, 2, 4).reshape(b * k_heads * length, r, d).contiguous()
     base = keys.query_order - entries.position  # segment * L: where each row's segment starts in the key order
@@ -31,7 +33,7 @@ def native_rectangle_part(q, key, value, entries: Entries, keys: KeyRows, scalin
     count = torch.searchsorted(keys.order, base + reach, right=True) - first
     out, lse = native_step().rectangles(
         flat_q, key.reshape(-1, d).contiguous(), value.reshape(-1, d).contiguous(), first, count, scaling,
-        entries.head * length + entries.position, keys.head * length + keys.position,
+        entries.head * length + entries.position, keys.head * length + keys.position, keys.query_skip, keys.bits,
     )
     return entries, out, lse
 
@@ -54,7 +56,7 @@ def native_band_part(query, key, value, window: int, valid: torch.Tensor, scalin
     count = count[:, None].expand(b, k_heads, length).flatten()
     grouped = query.view(b, k_heads, r, length, d).transpose(2, 3).reshape(b * k_heads * length, r, d).contiguous()
     out, lse = native_step().rectangles(grouped, key.reshape(-1, d).contiguous(), value.reshape(-1, d).contiguous(),
-                                        first, count, scaling, None, None)
+                                        first, count, scaling, None, None, None, None)
     out = out.view(b, k_heads, length, r, d).transpose(2, 3).reshape(b, h, length, d)
     return out, lse.view(b, k_heads, length, r).transpose(2, 3).reshape(b, h, length)
 

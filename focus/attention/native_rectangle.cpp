@@ -38,8 +38,8 @@ constexpr int64_t TILE_ROWS = 32;
 constexpr int64_t KEY_BLOCK = 64;   // keys scored, weighed and summed together
 constexpr int64_t TASKS_PER_THREAD = 8;  // tiles are dealt round-robin to this many tasks per thread: balanced work
 
-// Query vectors of a micro-tile: 6 x 16 keeps 12 sums in AVX2 registers, enough to hide the multiply-adds' latency (with
-// 4 x 16 the same layer's band took 12.7 ms, with 6 x 16 10.8 ms).
+// Query vectors of a micro-tile: 6 x 16 keeps 12 sums in AVX2 registers, enough to hide the multiply-adds' latency
+// (with 4 x 16 the same layer's band took 12.7 ms, with 6 x 16 10.8 ms).
 constexpr int64_t QUERIES_AT_ONCE = 6;
 constexpr int64_t WIDE = 16;  // keys scored, or head dimensions summed, by a micro-tile: two AVX2 registers of float32
 constexpr int64_t MAX_DIM = 256;  // the largest head size
@@ -114,7 +114,8 @@ inline void micro_tile(const float* a, int64_t a_step, const float* b, int64_t b
 // counts in.
 template <typename scalar_t, int64_t D>
 void attend_tile(const Tile& tile, const scalar_t* q_data, const float* panels, const float* values,
-                 const int64_t* query_index, const int64_t* key_first, const int64_t* key_count, int64_t r,
+                 const int64_t* query_index, const int64_t* query_skip, const int64_t* key_bits,
+                 const int64_t* key_first, const int64_t* key_count, int64_t r,
                  int64_t d_runtime, float scale, float* out, float* lse, std::vector<float>& qs,
                  std::vector<float>& scores, std::vector<float>& acc, std::vector<float>& rows_state,
                  std::vector<int64_t>& limits) {
@@ -156,6 +157,12 @@ void attend_tile(const Tile& tile, const scalar_t* q_data, const float* panels, 
       float* s = &scores[a * KEY_BLOCK];
       const int64_t from = a < a_size ? std::clamp<int64_t>(lower[a] - block, 0, width) : 0;
       const int64_t to = a < a_size ? std::clamp<int64_t>(upper[a] - block, from, width) : 0;
+      const int64_t skip = query_skip && a < a_size ? query_skip[tile.first_row + a / r] : 0;
+      if (skip) {  // the keys holding a group of the row's below its segment's: counted in that group's segment
+        const int64_t* bits = key_bits + tile.key_first + block;
+        for (int64_t j = from; j < to; ++j)
+          if (bits[j] & skip) s[j] = none;
+      }
       float top = a < a_size ? best[a] : none;
 #pragma omp simd reduction(max : top)
       for (int64_t j = from; j < to; ++j) top = s[j] > top ? s[j] : top;
@@ -169,7 +176,7 @@ void attend_tile(const Tile& tile, const scalar_t* q_data, const float* panels, 
       for (int64_t j = 0; j < width_pad; ++j) {
         const float shifted = s[j] - top;
         const float weight = exp_nonpositive(shifted < 0.0f ? shifted : 0.0f);
-        s[j] = j >= from && j < to ? weight : 0.0f;
+        s[j] = j >= from && j < to && s[j] > none ? weight : 0.0f;  // (skipped keys' scores are -inf)
         weights += s[j];
       }
       total[a] += weights;
@@ -207,27 +214,34 @@ void attend_tile(const Tile& tile, const scalar_t* q_data, const float* panels, 
 // query (M, R, D): query vectors (R query heads sharing a row's keys); key, value (Mk, D); query_rows (N,) and key_rows
 // (Nk,): the rows of query and key that are the i-th query row and key (none: the i-th row itself). key_first (N,):
 // each query row's first key; key_count (N,): how many keys from it the row sees (rows in an order where the first
-// keys of neighbours are equal or step by one: a segment's rows, or a band's). Returns the output
+// keys of neighbours are equal or step by one: a segment's rows, or a band's). query_skip (N,) and key_bits (Nk,),
+// optional: a row skips the keys whose bits meet its own (focus.attention.rectangle, `once`). Returns the output
 // (N, R, D) and log-sum-exp (N, R) in float32; a row with no key gets lse -inf (and zeros).
 std::tuple<at::Tensor, at::Tensor> rectangles(const at::Tensor& query, const at::Tensor& key,
                                                     const at::Tensor& value, const at::Tensor& key_first,
                                                     const at::Tensor& key_count, double scale,
                                                     const c10::optional<at::Tensor>& query_rows,
-                                                    const c10::optional<at::Tensor>& key_rows) {
+                                                    const c10::optional<at::Tensor>& key_rows,
+                                                    const c10::optional<at::Tensor>& query_skip,
+                                                    const c10::optional<at::Tensor>& key_bits) {
   TORCH_CHECK(query.device().is_cpu() && query.dim() == 3 && query.is_contiguous() && key.is_contiguous() &&
                   value.is_contiguous() && key.scalar_type() == query.scalar_type() &&
                   value.scalar_type() == query.scalar_type(),
               "rectangles: contiguous CPU query (N, R, D), key and value (Nk, D) of one dtype");
   TORCH_CHECK(query.size(2) <= MAX_DIM, "rectangles: heads of at most ", MAX_DIM, " dimensions");
   TORCH_CHECK(key_first.scalar_type() == at::kLong && key_count.scalar_type() == at::kLong &&
-                  key_first.is_contiguous() && key_count.is_contiguous() && key_first.numel() == (query_rows ? query_rows->numel() : query.size(0)) &&
+                  key_first.is_contiguous() && key_count.is_contiguous() &&
+                  key_first.numel() == (query_rows ? query_rows->numel() : query.size(0)) &&
                   key_count.numel() == key_first.numel(),
               "rectangles: int64 key_first and key_count, one per query row");
-  for (const auto& rows : {query_rows, key_rows})
+  for (const auto& rows : {query_rows, key_rows, query_skip, key_bits})
     TORCH_CHECK(!rows || (rows->scalar_type() == at::kLong && rows->is_contiguous()), "rectangles: int64 row indexes");
+  TORCH_CHECK(!query_skip == !key_bits, "rectangles: query_skip and key_bits together");
   const int64_t n = query_rows ? query_rows->numel() : query.size(0), r = query.size(1), d = query.size(2);
   const int64_t* q_index = query_rows ? query_rows->data_ptr<int64_t>() : nullptr;
   const int64_t* k_index = key_rows ? key_rows->data_ptr<int64_t>() : nullptr;
+  const int64_t* skip = query_skip ? query_skip->data_ptr<int64_t>() : nullptr;
+  const int64_t* bits = key_bits ? key_bits->data_ptr<int64_t>() : nullptr;
   auto out = at::empty({n, r, d}, query.options().dtype(at::kFloat));
   auto lse = at::full({n, r}, -std::numeric_limits<float>::infinity(), query.options().dtype(at::kFloat));
   const int64_t* first = key_first.data_ptr<int64_t>();
@@ -274,8 +288,9 @@ std::tuple<at::Tensor, at::Tensor> rectangles(const at::Tensor& query, const at:
         for (size_t t = task; t < tiles.size(); t += tasks) {
           auto tile = [&](auto head_size) {
             attend_tile<scalar_t, decltype(head_size)::value>(tiles[t], q_data, panels_data, values_data,
-                                                               q_index, first, count, r, d, static_cast<float>(scale),
-                                                               out_data, lse_data, qs, scores, acc, rows_state, limits);
+                                                               q_index, skip, bits, first, count, r, d,
+                                                               static_cast<float>(scale), out_data, lse_data, qs,
+                                                               scores, acc, rows_state, limits);
           };
           if (d == 64) tile(std::integral_constant<int64_t, 64>());
           else if (d == 128) tile(std::integral_constant<int64_t, 128>());

@@ -23,11 +23,25 @@ class KeyRows(NamedTuple):
     position: torch.Tensor  # (N,)
     order: torch.Tensor  # (N,) segment * L + position, sorted: what a query's visible keys are searched by
     query_order: torch.Tensor  # (M,) the same key of each query row of the entries
+    # Segments of single groups, each pair once (`rectangle_entries(once=True)`): every key row's group bits (a sink's
+    # all set), and every query row's bits of its groups below its segment's, the keys it skips there. Else None.
+    bits: torch.Tensor | None = None  # (N,) int64
+    query_skip: torch.Tensor | None = None  # (M,) int64
 
 
-def rectangle_entries(groups_q, groups_k, valid, sinks) -> tuple[Entries, KeyRows]:
+ONCE_BELOW = 63
+"""`rectangle_entries(once=True)` takes group ids below this: a token's groups as the bits of one int64."""
+
+
+def rectangle_entries(groups_q, groups_k, valid, sinks, once: bool = False) -> tuple[Entries, KeyRows]:
     """Segments as (queries holding subset T) x (keys holding T) instead of their union: the query rows (entries,
-    each a query of its segment) and the key rows, both sorted by (head, subset, position)."""
+    each a query of its segment) and the key rows, both sorted by (head, subset, position).
+
+    `once` (group ids below ONCE_BELOW): segments of single groups only, every kept pair counted once, in the segment
+    of the smallest group its query and key share; a query row skips the keys that hold one of its groups below the
+    segment's (`KeyRows.bits`, `KeyRows.query_skip`: the native kernel's test). Without it, with top-k > 1, a pair
+    sharing m groups is counted in every subset of them, with the inclusion-exclusion sign: at top-2, three times.
+    """
     b, k_heads, length, top_k = groups_k.shape
     device = groups_k.device
     base = max(int(groups_k.max()), int(groups_q.max())) + 2 if groups_k.numel() else 2
@@ -35,27 +49,37 @@ def rectangle_entries(groups_q, groups_k, valid, sinks) -> tuple[Entries, KeyRow
     head = torch.arange(b * k_heads, device=device).view(b, k_heads, 1, 1)
     position = torch.arange(length, device=device).view(1, 1, length, 1)
 
-    def rows(groups, keep):
-        code = subset_codes(groups, base)
+    def rows(groups, keep, extra):
+        code = groups + 1 if once else subset_codes(groups, base)
         keep = keep[:, None, :, None].expand_as(code)
-        return (head * code_span + code).expand_as(code)[keep], position.expand_as(code)[keep]
+        segment = (head * code_span + code).expand_as(code)
+        return segment[keep], position.expand_as(code)[keep], extra.expand_as(code)[keep]
 
-    q_segment, q_position = rows(groups_q, valid)
-    k_segment, k_position = rows(groups_k, valid & ~sinks)
+    bits_q = bits_k = skip = torch.zeros((), dtype=torch.long, device=device)
+    if once:
+        groups_q, groups_k = groups_q.clamp_min(0), groups_k.clamp_min(0)  # (padding's ids, if any, are never read)
+        bits_q, bits_k = ((1 << g).sum(dim=-1, keepdim=True) for g in (groups_q, groups_k))  # (B, K, L, 1)
+        skip = bits_q & ((1 << groups_q) - 1)  # (B, K, L, k): the row's groups below its segment's
+    q_segment, q_position, q_skip = rows(groups_q, valid, skip)
+    k_segment, k_position, k_bits = rows(groups_k, valid & ~sinks, bits_k)
     if sinks.any():  # sink keys join every segment of their sequence that has a query
         present = torch.unique(q_segment)
         sink_b, sink_pos = sinks.nonzero(as_tuple=True)
         pair_seg, pair_sink = ((present // code_span)[:, None] // k_heads == sink_b[None, :]).nonzero(as_tuple=True)
         k_segment = torch.cat([k_segment, present[pair_seg]])
         k_position = torch.cat([k_position, sink_pos[pair_sink]])
+        k_bits = torch.cat([k_bits, torch.full_like(pair_seg, -1)])  # a sink holds every group
     q_order, q_sort = (q_segment * length + q_position).sort()
     k_order, k_sort = (k_segment * length + k_position).sort()
     q_segment, q_position, k_segment = q_segment[q_sort], q_position[q_sort], k_segment[k_sort]
     _, lengths = torch.unique_consecutive(q_segment, return_counts=True)
-    entries = Entries(q_segment // code_span, q_position, subset_sign(q_segment % code_span, base),
-                      torch.ones_like(q_position, dtype=torch.bool), torch.zeros_like(q_position, dtype=torch.bool),
-                      lengths.tolist())
-    return entries, KeyRows(k_segment // code_span, k_position[k_sort], k_order, q_order)
+    sign = torch.ones_like(q_position) if once else subset_sign(q_segment % code_span, base)
+    entries = Entries(q_segment // code_span, q_position, sign, torch.ones_like(q_position, dtype=torch.bool),
+                      torch.zeros_like(q_position, dtype=torch.bool), lengths.tolist())
+    keys = KeyRows(k_segment // code_span, k_position[k_sort], k_order, q_order)
+    if once:
+        keys = keys._replace(bits=k_bits[k_sort], query_skip=q_skip[q_sort])
+    return entries, keys
 
 
 def rectangle_part(q, key, value, entries: Entries, keys: KeyRows, scaling: float, chunk: int, window: int,
