@@ -239,7 +239,7 @@ def test_processes_finding_the_cache_cold_at_once_convert_it_once(tmp_path):
         assert count.read_text() == "converted\n"  # one writer; the five others waited for it and read its folder
 
 
-@pytest.mark.e2e  # three SmolLM2 conversions' worth of work (about a minute); the lock itself is tested above
+@pytest.mark.e2e  # three processes loading SmolLM2, one converting it (about a minute); the lock is tested above
 @pytest.mark.slow
 def test_jobs_starting_together_on_an_empty_cache_all_load_the_packaged_model(tmp_path):
     """The pipeline's first jobs on a fresh machine: several processes load SmolLM2 on an empty cache at once."""

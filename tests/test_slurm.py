@@ -5,7 +5,7 @@ row (the mini_run fixture, tests/conftest.py); every request of the paper profil
 is checked with `sbatch --test-only` against a declared 8-GPU node. The cluster's faults are in
 test_slurm_faults.py.
 
-Skipped where no local SLURM runs. About 6 minutes here (2 cores, an AVX2 EPYC), most of it the slice.
+Skipped where no local SLURM runs. About 7 minutes here (2 cores, an AVX2 EPYC), most of it the slice.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The pipeline's faults on a real SLURM (`scripts/slurm_local.sh start`; see test_slurm.py): a training job cancelled
-mid-run, a time limit, a Snakemake killed and started again. Skipped where no local SLURM runs. About 7 minutes here.
+mid-run, a time limit, a Snakemake killed and started again. Skipped where no local SLURM runs. About 8 minutes here.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ from focus.attention.fast_path import current_fast_path
 from focus.attention.labels import label
 from focus.attention.native_parts import MAX_DIM as NATIVE_MAX_DIM
 from focus.attention.native_parts import native_band_part, native_merge, native_rectangle_part
-from focus.attention.rectangle import ONCE_BELOW, rectangle_entries, rectangle_part
+from focus.attention.rectangle import rectangle_entries, rectangle_part
 from focus.attention.segments import Entries, masked_with_lse, similar_lengths, subset_codes, subset_sign
 
 BACKENDS = ("flash", "torch")
@@ -144,8 +144,7 @@ def decomposed_hard_attention(
         with label("focus/decomposed_sort"):
             # The native kernel takes each pair once (a row skips the keys holding a smaller group of its own); the
             # eager calls take the inclusion-exclusion subsets (a pair sharing two groups three times, signed).
-            once = native and groups.shape[-1] > 1 and max(int(groups.max()), int(groups_q.max())) < ONCE_BELOW
-            entries, key_rows = rectangle_entries(groups_q, groups, valid, sinks, once=once)
+            entries, key_rows = rectangle_entries(groups_q, groups, valid, sinks, once=native)
         with label("focus/decomposed_groups"):
             if native:
                 entries, seg_out, seg_lse = native_rectangle_part(q, key, value, entries, key_rows, scaling, window)

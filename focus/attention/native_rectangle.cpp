@@ -39,7 +39,7 @@ constexpr int64_t KEY_BLOCK = 64;   // keys scored, weighed and summed together
 constexpr int64_t TASKS_PER_THREAD = 8;  // tiles are dealt round-robin to this many tasks per thread: balanced work
 
 // Query vectors of a micro-tile: 6 x 16 keeps 12 sums in AVX2 registers, enough to hide the multiply-adds' latency
-// (with 4 x 16 the same layer's band took 12.7 ms, with 6 x 16 10.8 ms).
+// (in two runs of the same A/B, 4 x 16 took the 2K layer's band in 12.7 ms, 6 x 16 in 10.8 ms).
 constexpr int64_t QUERIES_AT_ONCE = 6;
 constexpr int64_t WIDE = 16;  // keys scored, or head dimensions summed, by a micro-tile: two AVX2 registers of float32
 constexpr int64_t MAX_DIM = 256;  // the largest head size
@@ -256,7 +256,7 @@ std::tuple<at::Tensor, at::Tensor> rectangles(const at::Tensor& query, const at:
   // read in place when they already are.
   const int64_t keys = k_index ? key_rows->numel() : key.size(0);
   const int64_t panel_count = (keys + WIDE - 1) / WIDE;
-  auto panels = at::zeros({panel_count, d, WIDE}, query.options().dtype(at::kFloat));
+  auto panels = at::empty({panel_count, d, WIDE}, query.options().dtype(at::kFloat));
   const bool values_in_place = query.scalar_type() == at::kFloat && !k_index;
   auto values = values_in_place ? value : at::empty({keys, d}, query.options().dtype(at::kFloat));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "rectangles", [&] {
@@ -269,6 +269,8 @@ std::tuple<at::Tensor, at::Tensor> rectangles(const at::Tensor& query, const at:
       for (int64_t panel = begin; panel < end; ++panel) {
         const int64_t from = panel * WIDE, to = std::min(from + WIDE, keys);
         float* target = panels_data + panel * d * WIDE;
+        if (to - from < WIDE)  // the last panel's columns past the last key: read by a block's last micro-tile
+          for (int64_t m = 0; m < d; ++m) std::fill(target + m * WIDE + (to - from), target + (m + 1) * WIDE, 0.0f);
         for (int64_t j = from; j < to; ++j) {
           const int64_t row = k_index ? k_index[j] : j;
           for (int64_t m = 0; m < d; ++m) target[m * WIDE + j - from] = static_cast<float>(k_data[row * d + m]);

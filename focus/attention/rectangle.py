@@ -37,15 +37,17 @@ def rectangle_entries(groups_q, groups_k, valid, sinks, once: bool = False) -> t
     """Segments as (queries holding subset T) x (keys holding T) instead of their union: the query rows (entries,
     each a query of its segment) and the key rows, both sorted by (head, subset, position).
 
-    `once` (group ids below ONCE_BELOW): segments of single groups only, every kept pair counted once, in the segment
-    of the smallest group its query and key share; a query row skips the keys that hold one of its groups below the
-    segment's (`KeyRows.bits`, `KeyRows.query_skip`: the native kernel's test). Without it, with top-k > 1, a pair
-    sharing m groups is counted in every subset of them, with the inclusion-exclusion sign: at top-2, three times.
+    `once`: segments of single groups only, every kept pair counted once, in the segment of the smallest group its
+    query and key share; a query row skips the keys that hold one of its groups below the segment's (`KeyRows.bits`,
+    `KeyRows.query_skip` are set: the native kernel's test). Taken at top-k > 1 with group ids below ONCE_BELOW (else
+    the bits stay None). Without it, with top-k > 1, a pair sharing m groups is counted in every subset of them, with
+    the inclusion-exclusion sign: at top-2, three times.
     """
     b, k_heads, length, top_k = groups_k.shape
     device = groups_k.device
     base = max(int(groups_k.max()), int(groups_q.max())) + 2 if groups_k.numel() else 2
     code_span = base**top_k
+    once = once and top_k > 1 and base - 2 < ONCE_BELOW  # at top-1 every pair is counted once anyway
     head = torch.arange(b * k_heads, device=device).view(b, k_heads, 1, 1)
     position = torch.arange(length, device=device).view(1, 1, length, 1)
 
