@@ -80,6 +80,54 @@ def test_native_rectangles_match_the_dense_reference(case, routing, one_thread):
     check_case(case, "torch", routing, native=True)
 
 
+@pytest.mark.parametrize("layout", ["70 groups", "right padding"])
+def test_native_prefill_falls_back_to_its_eager_parts_where_they_do_not_apply(layout, one_thread):
+    """Group ids from 63 on do not fit the segments' group bits (the rectangles then take inclusion-exclusion), and
+    padding on the right breaks the band's runs of keys (the eager band takes it): still the dense reference."""
+    num_groups = 70 if layout == "70 groups" else 5
+    query, key, value, groups, valid = inputs(2, 4, 2, 150, 16, num_groups, 2, seed=8)
+    if layout == "right padding":
+        valid[1, -13:] = False
+    query_groups = random_groups(2, 4, 150, num_groups, 2, torch.Generator().manual_seed(4))
+    sinks = sink_keys(valid, 150, 1)
+    expected = reference(query, key, value, groups, num_groups, 9, valid, sinks, query_groups=query_groups)
+    got = decomposed_hard_attention(query, key, value, groups, 9, valid, sinks, query_groups=query_groups, native=True)
+    rows = valid[:, None, :, None].expand_as(got)
+    torch.testing.assert_close(got[rows], expected[rows], atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("routing", ["query", "kv_head"])
+def test_native_segments_are_the_eager_ones(routing):
+    """`segment_rows` (one native counting pass) gives the rows of `rectangle_entries(once=True)` in the same order,
+    and every query row the same keys to read, skipped ones included (segments no query reads are left out)."""
+    from focus.attention.native_step import native_step
+    from focus.attention.rectangle import rectangle_entries
+
+    query, key, value, groups, valid = inputs(2, 6, 2, 260, 8, 7, 2, seed=2, pad=17)
+    heads = 6 if routing == "query" else 2
+    query_groups = random_groups(2, heads, 260, 7, 2, torch.Generator().manual_seed(3), empty=(5,))
+    sinks = sink_keys(valid, 260, 1) & valid
+    window = 11
+    query_rows, first, count, skip, key_rows, bits = native_step().segment_rows(
+        query_groups.sort(dim=-1)[0], groups.sort(dim=-1)[0], valid, sinks, window)
+    repeat = heads // 2
+    entries, keys = rectangle_entries(query_groups.sort(dim=-1)[0],
+                                      groups.sort(dim=-1)[0].repeat_interleave(repeat, dim=1), valid, sinks, once=True)
+    assert torch.equal(query_rows, entries.head * 260 + entries.position)
+    assert torch.equal(skip, keys.query_skip)
+    # The eager key rows are of the repeated keys: head (batch * Hq + query head); the native ones of the keys.
+    eager_rows = (keys.head // heads * 2 + keys.head % heads // repeat) * 260 + keys.position
+    base = keys.query_order - entries.position
+    eager_first = torch.searchsorted(keys.order, base)
+    eager_count = torch.searchsorted(keys.order, base + torch.clamp_min(entries.position - window, -1),
+                                     right=True) - eager_first
+    assert torch.equal(count, eager_count)
+    for row in range(query_rows.numel()):
+        eager = slice(int(eager_first[row]), int(eager_first[row] + eager_count[row]))
+        native = slice(int(first[row]), int(first[row] + count[row]))
+        assert torch.equal(key_rows[native], eager_rows[eager]) and torch.equal(bits[native], keys.bits[eager])
+
+
 def check_case(case: str, backend: str, routing: str, native: bool = False) -> None:
     spec = dict(CASES[case])
     window, sink_tokens = spec.pop("window"), spec.pop("sink_tokens")

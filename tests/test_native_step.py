@@ -124,7 +124,8 @@ def test_native_steps_in_half_precision_route_as_the_eager_steps_within_twice_th
 @pytest.mark.parametrize("top_k", [1, 2])
 def test_generate_with_the_native_step_on_smollm2_gives_the_eager_tokens(smollm2, top_k):
     """Greedy generate() through FocusCache(compile_step=True) after a left-padded prompt of real text: the tokens and
-    logits of the eager FocusCache, every step past the prompt native, and the prompt's rectangles native."""
+    logits of the eager FocusCache, every step past the prompt native, and the prompt's parts native
+    (`native_routed_prefill`)."""
     import focus.attention.decomposed
     from focus import apply_focus, remove_focus
     from focus.attention.decoding import FocusCache
@@ -139,21 +140,22 @@ def test_generate_with_the_native_step_on_smollm2_gives_the_eager_tokens(smollm2
                 calibration_ids=text[None, 4000:4512])
     try:
         runs = []
-        rectangles, native_rectangles = [], focus.attention.decomposed.native_rectangle_part
+        prefills, native_prefill = [], focus.attention.decomposed.native_routed_prefill
 
-        def counted_rectangles(*args):
-            rectangles.append(1)
-            return native_rectangles(*args)
+        def counted_prefill(*args):
+            out = native_prefill(*args)
+            prefills.append(out is not None)  # None: the eager parts took it
+            return out
 
-        focus.attention.decomposed.native_rectangle_part = counted_rectangles
+        focus.attention.decomposed.native_routed_prefill = counted_prefill
         for compile_step in (False, True):
             with torch.no_grad(), counting_native_steps() as calls:
                 out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=24,
                                      min_new_tokens=24, past_key_values=FocusCache(model, compile_step=compile_step),
                                      output_logits=True, return_dict_in_generate=True)
-            runs.append((out, calls[0], len(rectangles)))
+            runs.append((out, calls[0], sum(prefills)))
     finally:
-        focus.attention.decomposed.native_rectangle_part = native_rectangles
+        focus.attention.decomposed.native_routed_prefill = native_prefill
         remove_focus(model)
     (eager, eager_calls, eager_prefills), (native, native_calls, native_prefills) = runs
     assert eager_calls == 0 and native_calls == 23 * model.config.num_hidden_layers

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from focus.attention.fast_path import current_fast_path
 from focus.attention.labels import label
 from focus.attention.native_parts import MAX_DIM as NATIVE_MAX_DIM
-from focus.attention.native_parts import native_band_part, native_merge, native_rectangle_part
+from focus.attention.native_parts import native_band_part, native_merge, native_rectangle_part, native_routed_prefill
 from focus.attention.rectangle import rectangle_entries, rectangle_part
 from focus.attention.segments import Entries, masked_with_lse, similar_lengths, subset_codes, subset_sign
 
@@ -114,6 +114,17 @@ def decomposed_hard_attention(
         (B, H, L, D) in the dtype of `query`; rows of padding queries are zero.
     """
     b, h, length, d = query.shape
+    scaling = d**-0.5 if scaling is None else scaling
+    backend = backend or select_backend(query.device)
+    if valid is None:
+        valid = torch.ones(b, length, dtype=torch.bool, device=query.device)
+    sinks = torch.zeros_like(valid) if sinks is None else sinks.expand(b, length) & valid
+    native = native and query_groups is not None and backend == "torch" and d <= NATIVE_MAX_DIM
+    if native:
+        with label("focus/decomposed_native"):
+            out = native_routed_prefill(query, key, value, query_groups, groups, window, valid, sinks, scaling)
+        if out is not None:
+            return out.to(query.dtype)
     key_band, value_band = key, value
     if query_groups is not None and query_groups.shape[1] != key.shape[1]:
         # Each query head has a pattern of its own: run it as a key/value head of its own, keys repeated.
@@ -121,11 +132,6 @@ def decomposed_hard_attention(
         key, value, groups = (t.repeat_interleave(repeat, dim=1) for t in (key, value, groups))
     k_heads = key.shape[1]
     r = h // k_heads
-    scaling = d**-0.5 if scaling is None else scaling
-    backend = backend or select_backend(query.device)
-    if valid is None:
-        valid = torch.ones(b, length, dtype=torch.bool, device=query.device)
-    sinks = torch.zeros_like(valid) if sinks is None else sinks.expand(b, length) & valid
     groups, _ = groups.sort(dim=-1)  # subsets are keyed by their sorted members
     groups_q = groups if query_groups is None else query_groups.sort(dim=-1)[0]
 
@@ -134,7 +140,6 @@ def decomposed_hard_attention(
     if query_groups is not None and backend == "torch":
         # Queries and keys of a segment differ: attend queries to keys (a rectangle), not their union to itself.
         # The window's pairs all go to the band (no group test there); the rectangles take the distant ones.
-        native = native and d <= NATIVE_MAX_DIM
         merge = native_merge if native else _merge
         with label("focus/decomposed_local"):
             band = native_band_part(query, key_band, value_band, window, valid, scaling) if native else None

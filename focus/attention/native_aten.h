@@ -1,5 +1,5 @@
-// The declarations Focus's native kernels share (native_step.cpp, native_rectangle.cpp, native_merge.cpp): the few
-// ATen headers they use, and the functions native_bindings.cpp hands to Python.
+// The declarations Focus's native kernels share (native_step.cpp, native_rectangle.cpp, native_segments.cpp,
+// native_merge.cpp): the few ATen headers they use, and the functions native_bindings.cpp hands to Python.
 //
 // Only native_bindings.cpp includes <torch/python.h>: the kernels include ATen's tensor and op headers alone, which
 // compile in about 8 s each where <torch/extension.h> (the whole C++ frontend and pybind11) took 50 s per file here.
@@ -29,6 +29,11 @@ std::tuple<at::Tensor, at::Tensor> rectangles(const at::Tensor& query, const at:
                                               const c10::optional<at::Tensor>& key_rows,
                                               const c10::optional<at::Tensor>& query_skip,
                                               const c10::optional<at::Tensor>& key_bits);
+
+// native_segments.cpp: the query-routed prefill's segments, each kept pair once.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> segment_rows(
+    const at::Tensor& groups_q, const at::Tensor& groups_k, const at::Tensor& valid, const at::Tensor& sinks,
+    int64_t window);
 
 // native_merge.cpp: the query-routed prefill's merge.
 at::Tensor merge_parts(const at::Tensor& local_out, const at::Tensor& local_lse, const at::Tensor& part_out,

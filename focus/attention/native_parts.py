@@ -12,11 +12,43 @@ from __future__ import annotations
 import torch
 
 from focus.attention.native_step import native_step
-from focus.attention.rectangle import KeyRows
+from focus.attention.rectangle import ONCE_BELOW, KeyRows
 from focus.attention.segments import Entries
 
 MAX_DIM = 256
 """The largest head size the native parts take (`native_rectangle.cpp`'s MAX_DIM); larger heads run eagerly."""
+
+
+def native_routed_prefill(query, key, value, groups_q, groups_k, window: int, valid, sinks, scaling: float):
+    """The query-routed decomposition (`decomposed.decomposed_hard_attention` with `query_groups`) in four native calls:
+    the band, the segments (`native_segments.cpp`: single groups, each kept pair once, as
+    `rectangle_entries(once=True)`), their rectangles and the merge. No repeated keys, no sorts, no searches.
+
+    Args:
+        query (B, H, L, D); key, value (B, K, L, D); groups_q (B, Hq, L, k): each query head's groups (Hq = H), or
+        those its key/value head's query heads share (Hq = K); groups_k (B, K, L, k); valid, sinks (B, L) bool.
+    Returns:
+        (B, H, L, D) float32, or None where these parts do not apply (group ids from ONCE_BELOW on, padding not
+        only on the left): the eager parts take those.
+    """
+    b, h, length, d = query.shape
+    q_heads = groups_q.shape[1]
+    r = h // q_heads
+    if groups_q.numel() and max(int(groups_q.max()), int(groups_k.max())) >= ONCE_BELOW:
+        return None
+    band = native_band_part(query, key, value, window, valid, scaling)
+    if band is None:
+        return None
+    ext = native_step()
+    query_rows, first, count, skip, key_rows, bits = ext.segment_rows(
+        groups_q.contiguous(), groups_k.contiguous(), valid.contiguous(), sinks.contiguous(), window)
+    grouped = query.view(b, q_heads, r, length, d).transpose(2, 3).reshape(b * q_heads * length, r, d).contiguous()
+    out, lse = ext.rectangles(grouped, key.reshape(-1, d).contiguous(), value.reshape(-1, d).contiguous(), first,
+                              count, scaling, query_rows, key_rows, skip, bits)
+    band_out, band_lse = band
+    merged = ext.merge_parts(band_out.view(b, q_heads, r, length, d), band_lse.view(b, q_heads, r, length), out, lse,
+                             query_rows, torch.ones_like(query_rows), valid.contiguous())
+    return merged.view(b, h, length, d)
 
 
 def native_rectangle_part(q, key, value, entries: Entries, keys: KeyRows, scaling: float, window: int):
