@@ -103,7 +103,7 @@ def test_native_segments_are_the_eager_ones(routing):
     from focus.attention.native_step import native_step
     from focus.attention.rectangle import rectangle_entries
 
-    query, key, value, groups, valid = inputs(2, 6, 2, 260, 8, 7, 2, seed=2, pad=17)
+    *_, groups, valid = inputs(2, 6, 2, 260, 8, 7, 2, seed=2, pad=17)
     heads = 6 if routing == "query" else 2
     query_groups = random_groups(2, heads, 260, 7, 2, torch.Generator().manual_seed(3), empty=(5,))
     sinks = sink_keys(valid, 260, 1) & valid
