@@ -120,6 +120,42 @@ def test_native_steps_in_half_precision_route_as_the_eager_steps_within_twice_th
     assert native_err <= 2 * ref_err + 1e-3, (native_err, ref_err)
 
 
+@pytest.mark.parametrize("route_queries", ["query", "kv_head"])
+@pytest.mark.parametrize("rotary", [True, False])
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_prompt_routed_natively_gets_the_eager_groups(route_queries, rotary, shared):
+    """`route_prompt_natively` (a FocusCache(compile_step=True) prompt) against the eager routing of the same prompt
+    (`cache_key_groups` for the keys, `route_call` then top-k for the queries): the same groups, but where the eager
+    scores of the k-th and the next group are within float32 rounding of each other (a product summed in another
+    order may take either)."""
+    from focus.attention.routing import (cache_key_groups, key_positions, route_call, route_prompt_natively,
+                                         routing_vectors, top_k_groups)
+
+    config = FocusConfig(num_groups=7, top_k=2, window=4, sink_tokens=1, mode="hard", route_queries=route_queries,
+                         shared_centroids=shared)
+    layer = make_layer(config, 2, 16)
+    if rotary:
+        layer.focus_inv_freq = 1.0 / 10000 ** (torch.arange(0, 16, 2).float() / 16)
+    q, key, _, mask = make_inputs(2, 6, 2, 300, 16, pads=(0, 9), seed=3)
+    positions = key_positions(None, 300, q.device)
+    with torch.no_grad():  # (with gradients the eager keys would route as in training, by Sinkhorn)
+        key_groups, routed = route_prompt_natively(layer, q, key, mask, positions)
+        vectors = routing_vectors(layer, key, positions)
+        eager = route_call(layer, q, vectors, mask, positions)
+    eager_queries = top_k_groups(eager.query_log_assign, 2)
+    if route_queries == "kv_head":
+        eager_queries = eager_queries[:, ::3]
+    checks = ((key_groups, cache_key_groups(layer, vectors), eager.key_log_assign),
+              (routed.query_groups, eager_queries, eager.query_log_assign[:, :: 3 if route_queries == "kv_head" else 1]))
+    for native, expected, scores in checks:
+        third = scores.topk(3, dim=-1).values
+        clear = (third[..., 1] - third[..., 2] > 1e-5) & (third[..., 0] - third[..., 1] > 1e-5)
+        clear &= eager.valid[:, None]  # (padding's groups are never read)
+        assert clear.float().sum() > 0.99 * eager.valid[:, None].expand_as(clear).sum()
+        assert torch.equal(native[clear], expected[clear])
+    assert torch.equal(routed.sinks, eager.sinks) and torch.equal(routed.valid, eager.valid)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("top_k", [1, 2])
 def test_generate_with_the_native_step_on_smollm2_gives_the_eager_tokens(smollm2, top_k):

@@ -34,6 +34,7 @@ from focus.attention.routing import (
     key_positions,
     layer_routing_logits,
     route_call,
+    route_prompt_natively,
     routing_vectors,
     step_groups,
     step_router,
@@ -122,14 +123,20 @@ def _attend(module, query, key, value, attention_mask, scaling, dropout, softcap
         arrived = (key if config.route_on == "key" else value)[:, :, past:]
         arrived_positions = key_positions(kwargs.get("position_ids"), k_len, key.device, first=past)
         valid = None if base_mask is None else base_mask.any(dim=-2)[:, 0, past:]
+        native_prompt = not step and trace is None and _native_prompt_applies(config, call, index)
         with label("focus/index_new_keys"):  # labels for torch.profiler (benchmarks/profile_focus.py)
             if step:  # the new key and the query heads routed in one pass
                 key_groups, query_groups = step_groups(module, query, arrived, arrived_positions)
+            elif native_prompt:  # keys and queries routed natively, the queries kept for the prompt's attention
+                key_groups, routed = route_prompt_natively(module, query, arrived, base_mask, arrived_positions)
             else:
                 key_groups = cache_key_groups(module, routing_vectors(module, arrived, arrived_positions))
             index_new_keys(index, key_groups, past, valid)
         if step:
             return _decoding_step(module, call, index, query_groups)
+        if native_prompt:
+            with label("focus/hard_attention"):
+                return _hard_attention(config, call, routed, index)
     positions = key_positions(kwargs.get("position_ids"), k_len, key.device)
     if config.window >= k_len and trace is None:
         return call.unmodified()  # every pair the model allows is local: Focus is the model's own attention
@@ -179,9 +186,12 @@ def _hard_attention(
     q_len, k_len = call.query.shape[-2], call.key.shape[-2]
     # A FocusCache's index holds every cached key's groups, assigned once: the whole generation sees one.
     groups = top_k_groups(routed.key_log_assign, config.top_k) if index is None else index.groups(k_len).clamp_min(0)
-    query_groups = top_k_groups(routed.query_log_assign, config.top_k) if config.route_queries != "key" else None
+    query_groups = routed.query_groups
+    if query_groups is None and config.route_queries != "key":
+        query_groups = top_k_groups(routed.query_log_assign, config.top_k)
     if call.decomposable():
-        if config.route_queries == "kv_head":  # the query heads of a key/value head share its groups: one copy
+        if config.route_queries == "kv_head" and query_groups.shape[1] == call.query.shape[1]:
+            # The query heads of a key/value head share its groups: one copy (native routing gives one already).
             query_groups = query_groups[:, :: call.query.shape[1] // call.key.shape[1]]
         # A FocusCache that runs native steps runs the prefill's band and rectangles natively too (`native_parts`).
         native = index is not None and index.compile_step and call.query.device.type == "cpu"
@@ -232,6 +242,13 @@ def _native_step_applies(config: FocusConfig, index: GroupIndex, past: int, quer
     routing_heads = k_heads if config.route_queries == "kv_head" else query.shape[1]
     return past + 1 < NATIVE_STEP_BELOW or not sparse_step_pays(config.num_groups, config.top_k, routing_heads,
                                                                 k_heads, past + 1)
+
+
+def _native_prompt_applies(config: FocusConfig, call: AttentionCall, index: GroupIndex) -> bool:
+    """Whether a prompt routes natively (`route_prompt_natively`): its cache runs native steps on the CPU, and the whole
+    prompt goes through the query-routed decomposition in hard mode (which then runs natively too)."""
+    return (index.compile_step and call.query.device.type == "cpu" and config.mode == "hard"
+            and config.route_queries != "key" and config.window < call.key.shape[-2] and call.decomposable())
 
 
 def _native_decoding_step(

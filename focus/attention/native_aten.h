@@ -1,5 +1,5 @@
-// The declarations Focus's native kernels share (native_step.cpp, native_rectangle.cpp, native_segments.cpp,
-// native_merge.cpp): the few ATen headers they use, and the functions native_bindings.cpp hands to Python.
+// The declarations Focus's native kernels share (native_step.cpp, native_route.cpp, native_rectangle.cpp,
+// native_segments.cpp, native_merge.cpp): the few ATen headers they use, and the functions native_bindings.cpp hands to Python.
 //
 // Only native_bindings.cpp includes <torch/python.h>: the kernels include ATen's tensor and op headers alone, which
 // compile in about 8 s each where <torch/extension.h> (the whole C++ frontend and pybind11) took 50 s per file here.
@@ -29,6 +29,11 @@ std::tuple<at::Tensor, at::Tensor> rectangles(const at::Tensor& query, const at:
                                               const c10::optional<at::Tensor>& key_rows,
                                               const c10::optional<at::Tensor>& query_skip,
                                               const c10::optional<at::Tensor>& key_bits);
+
+// native_route.cpp: a prompt's routing, every token and head.
+at::Tensor route_tokens(const at::Tensor& vectors, const c10::optional<at::Tensor>& cos,
+                        const c10::optional<at::Tensor>& sin, const at::Tensor& unit,
+                        const c10::optional<at::Tensor>& bias, double temperature, int64_t top_k, int64_t share);
 
 // native_segments.cpp: the query-routed prefill's segments, each kept pair once.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> segment_rows(

@@ -7,6 +7,7 @@
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("masked_step", &masked_step);
+  m.def("route_tokens", &route_tokens);
   m.def("rectangles", &rectangles);
   m.def("segment_rows", &segment_rows);
   m.def("merge_parts", &merge_parts);

@@ -22,19 +22,7 @@ namespace {
 
 using focus_native::exp_nonpositive;
 using focus_native::raise_maximum;
-
-// The top_k largest of row[0..n), best first; ties go to the lower index (as torch.topk's CPU kernel keeps them).
-void top_groups(const float* row, int64_t n, int64_t top_k, int64_t* out) {
-  for (int64_t s = 0; s < top_k; ++s) {
-    int64_t best = -1;
-    for (int64_t g = 0; g < n; ++g) {
-      bool taken = false;
-      for (int64_t t = 0; t < s; ++t) taken |= out[t] == g;
-      if (!taken && (best < 0 || row[g] > row[best])) best = g;
-    }
-    out[s] = best;
-  }
-}
+using focus_native::top_groups;
 
 // Routes the new key and the query heads of every row, writes the key's groups and group bits into the index at
 // position L - 1, and returns each query head's group bits (B * H).
@@ -280,6 +268,8 @@ at::Tensor masked_step(const at::Tensor& query, const at::Tensor& key, const at:
   const int64_t b = query.size(0), heads = query.size(1), d = query.size(3);
   const int64_t k_heads = key.size(1), length = key.size(2);
   TORCH_CHECK(query.device().is_cpu() && query.size(2) == 1, "masked_step: one CPU query token per row");
+  TORCH_CHECK(top_k >= 1 && top_k <= unit.size(1) && top_k <= focus_native::MAX_TOP_K, "masked_step: top-k from 1 to "
+              "the groups, at most ", focus_native::MAX_TOP_K);
   TORCH_CHECK(unit.scalar_type() == at::kFloat && unit.is_contiguous() && bias.scalar_type() == at::kFloat,
               "masked_step: a contiguous float32 router");
   TORCH_CHECK(key_bits.size(2) >= length && key_groups.size(2) >= length, "masked_step: index buffers too short");
