@@ -73,19 +73,36 @@ at::Tensor merge_parts(const at::Tensor& local_out, const at::Tensor& local_lse,
       }
     }
   });
-  // Parts of one query row may sit anywhere in the part order (sorted by segment): summed serially.
-  for (int64_t m = 0; m < m_size; ++m) {
-    const int64_t row = p_row[m];
-    for (int64_t i = 0; i < r; ++i) {
-      const float lse = p_lse[m * r + i];
-      if (lse == none) continue;
-      const float w = static_cast<float>(p_sign[m]) * std::exp(lse - peak[row * r + i]);
-      weight[row * r + i] += w;
-      const float* src = p_out + (m * r + i) * d;
-      float* dst = at_row(row, i);
+  // Parts of one query row may sit anywhere in its head's run of parts (sorted by head, then segment): the heads'
+  // runs are summed in parallel where the parts come sorted by head (the native rectangles' do), else serially.
+  auto add_parts = [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m) {
+      const int64_t row = p_row[m];
+      for (int64_t i = 0; i < r; ++i) {
+        const float lse = p_lse[m * r + i];
+        if (lse == none) continue;
+        const float w = static_cast<float>(p_sign[m]) * std::exp(lse - peak[row * r + i]);
+        weight[row * r + i] += w;
+        const float* src = p_out + (m * r + i) * d;
+        float* dst = at_row(row, i);
 #pragma omp simd
-      for (int64_t x = 0; x < d; ++x) dst[x] += w * src[x];
+        for (int64_t x = 0; x < d; ++x) dst[x] += w * src[x];
+      }
     }
+  };
+  std::vector<int64_t> head_start{0};  // where each head's run of parts begins, while they are sorted by head
+  for (int64_t m = 1; m < m_size && head_start.front() >= 0; ++m) {
+    const int64_t head = p_row[m] / length, before = p_row[m - 1] / length;
+    if (head < before) head_start.front() = -1;
+    else if (head > before) head_start.push_back(m);
+  }
+  if (head_start.front() < 0) {
+    add_parts(0, m_size);
+  } else {
+    head_start.push_back(m_size);
+    at::parallel_for(0, static_cast<int64_t>(head_start.size()) - 1, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t run = begin; run < end; ++run) add_parts(head_start[run], head_start[run + 1]);
+    });
   }
   at::parallel_for(0, rows, 256, [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {

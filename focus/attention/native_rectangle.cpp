@@ -18,6 +18,7 @@
 #include <limits>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -34,7 +35,7 @@ using focus_native::raise_maximum;
 // Query rows per tile (of one segment, or of one band), times R query heads. Wider tiles read more keys past a row's
 // own. When each tile copied its own blocks of keys, a 2K-token SmolLM2 layer's rectangles at top-2 (2 threads) took
 // 54, 44 and 46 ms at 16, 32 and 64 rows; from the shared panels 30, 32 and 48 rows are equal within the noise.
-constexpr int64_t TILE_ROWS = 32;
+constexpr int64_t TILE_ROWS = 30;
 constexpr int64_t KEY_BLOCK = 64;   // keys scored, weighed and summed together
 constexpr int64_t TASKS_PER_THREAD = 8;  // tiles are dealt round-robin to this many tasks per thread: balanced work
 
@@ -147,9 +148,21 @@ void attend_tile(const Tile& tile, const scalar_t* q_data, const float* panels, 
     const int64_t width_pad = (width + WIDE - 1) / WIDE * WIDE;  // columns past `width` are read, never weighed
     const float* block_keys = panels + (tile.key_first + block) * d;  // its first panel (tiles start at one)
     const float* block_values = values + (tile.key_first + block) * d;
-    // Scores (A_pad, KEY_BLOCK): micro-tiles of four query vectors by WIDE keys.
+    // The block's columns a micro-tile's query vectors see, [first, last), in whole micro-tiles: the columns outside
+    // are neither scored nor weighed (the corners of a band's tile, the ends of a segment's shorter rows).
+    auto columns = [&](int64_t a0) {
+      int64_t first = width, last = 0;
+      for (int64_t a = a0; a < std::min(a0 + QUERIES_AT_ONCE, a_size); ++a) {
+        first = std::min(first, std::clamp<int64_t>(lower[a] - block, 0, width));
+        last = std::max(last, std::clamp<int64_t>(upper[a] - block, 0, width));
+      }
+      first = first / WIDE * WIDE;
+      return std::pair<int64_t, int64_t>{first, std::max(first, (last + WIDE - 1) / WIDE * WIDE)};
+    };
+    // Scores (A_pad, KEY_BLOCK): micro-tiles of QUERIES_AT_ONCE query vectors by WIDE keys.
     for (int64_t a0 = 0; a0 < a_pad; a0 += QUERIES_AT_ONCE) {
-      for (int64_t j0 = 0; j0 < width_pad; j0 += WIDE)
+      const auto [first, last] = columns(a0);
+      for (int64_t j0 = first; j0 < last; j0 += WIDE)
         micro_tile<false>(&qs[a0 * d], d, block_keys + j0 * d, WIDE, d, &scores[a0 * KEY_BLOCK + j0], KEY_BLOCK);
     }
     // Each query vector sees its own run of the tile's keys: the online softmax's maximum, then the weights in place.
@@ -160,8 +173,8 @@ void attend_tile(const Tile& tile, const scalar_t* q_data, const float* panels, 
       const int64_t skip = query_skip && a < a_size ? query_skip[tile.first_row + a / r] : 0;
       if (skip) {  // the keys holding a group of the row's below its segment's: counted in that group's segment
         const int64_t* bits = key_bits + tile.key_first + block;
-        for (int64_t j = from; j < to; ++j)
-          if (bits[j] & skip) s[j] = none;
+#pragma omp simd
+        for (int64_t j = from; j < to; ++j) s[j] = (bits[j] & skip) != 0 ? none : s[j];  // a select, no branch
       }
       float top = a < a_size ? best[a] : none;
 #pragma omp simd reduction(max : top)
@@ -181,17 +194,21 @@ void attend_tile(const Tile& tile, const scalar_t* q_data, const float* panels, 
       }
       total[a] += weights;
     }
-    // Weighted values: acc (A_pad, D) += weights (A_pad, width) x values (width, D), micro-tiles of four query
-    // vectors by WIDE head dimensions (any head size: one dimension at a time).
+    // Weighted values: acc (A_pad, D) += weights (A_pad, width) x values (width, D), micro-tiles of QUERIES_AT_ONCE
+    // query vectors by WIDE head dimensions (any head size: one dimension at a time), over their columns only.
     for (int64_t a0 = 0; a0 < a_pad; a0 += QUERIES_AT_ONCE) {
+      const auto [first, end] = columns(a0);
+      const int64_t last = std::min(end, width);  // (the weights of the other columns are zero)
+      if (first >= last) continue;
       if (D > 0) {
         for (int64_t m0 = 0; m0 < d; m0 += WIDE)
-          micro_tile<true>(&scores[a0 * KEY_BLOCK], KEY_BLOCK, block_values + m0, d, width, &acc[a0 * d + m0], d);
+          micro_tile<true>(&scores[a0 * KEY_BLOCK + first], KEY_BLOCK, block_values + first * d + m0, d, last - first,
+                           &acc[a0 * d + m0], d);
       } else {
         for (int64_t i = 0; i < QUERIES_AT_ONCE; ++i) {
           float* acc_a = &acc[(a0 + i) * d];
           const float* w = &scores[(a0 + i) * KEY_BLOCK];
-          for (int64_t j = 0; j < width; ++j)
+          for (int64_t j = first; j < last; ++j)
             for (int64_t m = 0; m < d; ++m) acc_a[m] += w[j] * block_values[j * d + m];
         }
       }
