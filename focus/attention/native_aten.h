@@ -1,5 +1,6 @@
 // The declarations Focus's native kernels share (native_step.cpp, native_route.cpp, native_rectangle.cpp,
-// native_segments.cpp, native_merge.cpp): the few ATen headers they use, and the functions native_bindings.cpp hands to Python.
+// native_segments.cpp, native_merge.cpp): the few ATen headers they use, and the functions native_bindings.cpp hands
+// to Python.
 //
 // Only native_bindings.cpp includes <torch/python.h>: the kernels include ATen's tensor and op headers alone, which
 // compile in about 8 s each where <torch/extension.h> (the whole C++ frontend and pybind11) took 50 s per file here.

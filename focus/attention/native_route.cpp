@@ -26,7 +26,8 @@ struct Router {
   const scalar_t* data;
   int64_t s_b, s_h, s_l, heads, length, d, groups, share;
   int64_t padded;  // groups rounded up to GROUP_BLOCK
-  const float *centroids_t, *bias, *cos, *sin;  // centroids_t: (H, D, padded), the unit centroids transposed, zero-padded
+  // centroids_t: (H, D, padded), each head's unit centroids transposed, zero past the last group.
+  const float *centroids_t, *bias, *cos, *sin;
   int64_t angle_batches;
   float temperature;
   int64_t top_k;
@@ -111,7 +112,8 @@ at::Tensor route_tokens(const at::Tensor& vectors, const c10::optional<at::Tenso
               "route_tokens: share divides H, top-k from 1 to the groups, at most ", focus_native::MAX_TOP_K);
   TORCH_CHECK(!cos == !sin && (!cos || (cos->scalar_type() == at::kFloat && sin->scalar_type() == at::kFloat &&
                                         cos->is_contiguous() && sin->is_contiguous() && cos->dim() == 3 &&
-                                        cos->size(1) == length && cos->size(2) * 2 == d && cos->sizes() == sin->sizes())),
+                                        cos->size(1) == length && cos->size(2) * 2 == d &&
+                                        cos->sizes() == sin->sizes())),
               "route_tokens: float32 contiguous cos and sin (B or 1, L, D / 2)");
   TORCH_CHECK(!bias || (bias->scalar_type() == at::kFloat && bias->is_contiguous() &&
                         bias->numel() == heads / share * groups),

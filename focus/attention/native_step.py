@@ -70,7 +70,8 @@ def native_step():
     name, flags = _build()
     try:
         here = Path(__file__).parent
-        sources = [str(here / f"native_{part}.cpp") for part in ("bindings", "step", "route", "rectangle", "segments", "merge")]
+        parts = ("bindings", "step", "route", "rectangle", "segments", "merge")
+        sources = [str(here / f"native_{part}.cpp") for part in parts]
         return load(name=name, sources=sources,
                     extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
     except (RuntimeError, OSError, ImportError) as error:  # no compiler or ninja, or a failed build

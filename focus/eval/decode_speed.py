@@ -165,7 +165,7 @@ def generate_rows(
             ids = prompt_ids[:, :length]
         ids = ids.to(device)
         dynamic = DynamicCache(config=model.config)
-        base_prefill, logits = _prefill(model, ids, dynamic)
+        logits = _prefill(model, ids, dynamic)[1]
         growing = GrowingCache(config=model.config)
         for layer_idx, layer in enumerate(dynamic.layers):  # the same prompt state, appended to in place
             growing.update(layer.keys.clone(), layer.values.clone(), layer_idx)
@@ -175,8 +175,17 @@ def generate_rows(
         for setting in focus_settings:
             num_groups, window, top_k = _attach_focus(model, setting, adapter, ids)
             try:
+                # Prefills in turns too, each side into a fresh in-place cache: `rounds` of each, medians.
+                base_prefills, focus_prefills = [], []
+                for _ in range(rounds):
+                    cache = FocusCache(model, compile_step=compile_step)
+                    focus_prefills.append(_prefill(model, ids, cache)[0])
+                    remove_focus(model)
+                    base_prefills.append(_prefill(model, ids, GrowingCache(config=model.config))[0])
+                    _attach_focus(model, setting, adapter, ids)
                 cache = FocusCache(model, compile_step=compile_step)
-                focus_prefill, focus_logits = _prefill(model, ids, cache)
+                focus_logits = _prefill(model, ids, cache)[1]
+                base_prefill, focus_prefill = (sorted(t)[len(t) // 2] for t in (base_prefills, focus_prefills))
                 # Both sides take turns, round after round, from the same prompt state (each cache cropped back after
                 # its round): a drift in the machine's speed reaches both alike.
                 base_times, focus_times = [], []
