@@ -175,16 +175,16 @@ def generate_rows(
         for setting in focus_settings:
             num_groups, window, top_k = _attach_focus(model, setting, adapter, ids)
             try:
-                # Prefills in turns too, each side into a fresh in-place cache: `rounds` of each, medians.
+                # Prefills in turns too, each side into a fresh in-place cache: `rounds` of each, medians. The last
+                # Focus prefill's cache is the one decoded from.
                 base_prefills, focus_prefills = [], []
                 for _ in range(rounds):
-                    cache = FocusCache(model, compile_step=compile_step)
-                    focus_prefills.append(_prefill(model, ids, cache)[0])
                     remove_focus(model)
                     base_prefills.append(_prefill(model, ids, GrowingCache(config=model.config))[0])
                     _attach_focus(model, setting, adapter, ids)
-                cache = FocusCache(model, compile_step=compile_step)
-                focus_logits = _prefill(model, ids, cache)[1]
+                    cache = FocusCache(model, compile_step=compile_step)
+                    seconds, focus_logits = _prefill(model, ids, cache)
+                    focus_prefills.append(seconds)
                 base_prefill, focus_prefill = (sorted(t)[len(t) // 2] for t in (base_prefills, focus_prefills))
                 # Both sides take turns, round after round, from the same prompt state (each cache cropped back after
                 # its round): a drift in the machine's speed reaches both alike.
