@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from focus.attention.labels import label
 from focus.attention.native_step import native_step
 from focus.attention.rectangle import ONCE_BELOW, KeyRows
 from focus.attention.segments import Entries
@@ -36,18 +37,22 @@ def native_routed_prefill(query, key, value, groups_q, groups_k, window: int, va
     r = h // q_heads
     if groups_q.numel() and max(int(groups_q.max()), int(groups_k.max())) >= ONCE_BELOW:
         return None
-    band = native_band_part(query, key, value, window, valid, scaling)
+    with label("focus/native_band"):  # (labels for torch.profiler: benchmarks/profile_focus.py)
+        band = native_band_part(query, key, value, window, valid, scaling)
     if band is None:
         return None
     ext = native_step()
-    query_rows, first, count, skip, key_rows, bits = ext.segment_rows(
-        groups_q.contiguous(), groups_k.contiguous(), valid.contiguous(), sinks.contiguous(), window)
-    grouped = query.view(b, q_heads, r, length, d).transpose(2, 3).reshape(b * q_heads * length, r, d).contiguous()
-    out, lse = ext.rectangles(grouped, key.reshape(-1, d).contiguous(), value.reshape(-1, d).contiguous(), first,
-                              count, scaling, query_rows, key_rows, skip, bits)
-    band_out, band_lse = band
-    merged = ext.merge_parts(band_out.view(b, q_heads, r, length, d), band_lse.view(b, q_heads, r, length), out, lse,
-                             query_rows, torch.ones_like(query_rows), valid.contiguous())
+    with label("focus/native_segments"):
+        query_rows, first, count, skip, key_rows, bits = ext.segment_rows(
+            groups_q.contiguous(), groups_k.contiguous(), valid.contiguous(), sinks.contiguous(), window)
+    with label("focus/native_rectangles"):
+        grouped = query.view(b, q_heads, r, length, d).transpose(2, 3).reshape(b * q_heads * length, r, d).contiguous()
+        out, lse = ext.rectangles(grouped, key.reshape(-1, d).contiguous(), value.reshape(-1, d).contiguous(), first,
+                                  count, scaling, query_rows, key_rows, skip, bits)
+    with label("focus/native_merge"):
+        band_out, band_lse = band
+        merged = ext.merge_parts(band_out.view(b, q_heads, r, length, d), band_lse.view(b, q_heads, r, length), out,
+                                 lse, query_rows, torch.ones_like(query_rows), valid.contiguous())
     return merged.view(b, h, length, d)
 
 

@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from focus.attention.labels import label
+from focus.attention.native_step import native_step
 from focus.config import FocusConfig
 from focus.distributed import average_across_processes
 
@@ -248,8 +250,6 @@ def route_prompt_natively(
         query: (B, H, L, D) rotary-embedded; keys: (B, K, L, D) what the layer routes keys on; base_mask as for
             `route_call`; positions: (B or 1, L) the tokens' positions (`key_positions`).
     """
-    from focus.attention.native_step import native_step
-
     config: FocusConfig = module.focus_config
     k_heads, heads = keys.shape[1], query.shape[1]
     unit, bias = step_router(module, k_heads, heads)  # (K + H, G, D) unit centroids, (K + H, G) bias (0: queries)
@@ -259,11 +259,12 @@ def route_prompt_natively(
         tables = _rotary_tables(positions, inv_freq, keys.device)  # (B or 1, 1, L, D): each angle twice
         cos, sin = (t[:, 0, :, : t.shape[-1] // 2].contiguous() for t in tables)
     ext = native_step()
-    key_groups = ext.route_tokens(keys, cos, sin, unit[:k_heads].contiguous(), bias[:k_heads].contiguous(),
-                                  config.temperature, config.top_k, 1)
-    share = heads // k_heads if config.route_queries == "kv_head" else 1
-    query_groups = ext.route_tokens(query, cos, sin, unit[k_heads:].contiguous(), None, config.temperature,
-                                    config.top_k, share)
+    with label("focus/native_route"):
+        key_groups = ext.route_tokens(keys, cos, sin, unit[:k_heads].contiguous(), bias[:k_heads].contiguous(),
+                                      config.temperature, config.top_k, 1)
+        share = heads // k_heads if config.route_queries == "kv_head" else 1
+        query_groups = ext.route_tokens(query, cos, sin, unit[k_heads:].contiguous(), None, config.temperature,
+                                        config.top_k, share)
     valid = None if base_mask is None else base_mask.any(dim=-2)[:, 0]
     sinks = sink_keys(valid, keys.shape[2], config.sink_tokens, keys.device) if config.sink_tokens else None
     routed = Routed(valid, None, None, sinks, dense_heads(module, k_heads, keys.device), query_groups)
