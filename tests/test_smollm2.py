@@ -13,8 +13,10 @@ pytestmark = pytest.mark.slow
 
 def test_a_few_centroid_steps_lower_held_out_loss_and_leave_the_model_frozen(smollm2, tmp_path):
     model, tokenizer = smollm2
-    train = chunk_tokens(tokenize_corpus(load_corpus("books", "train")[:150_000], tokenizer), 256)
-    held_out = chunk_tokens(tokenize_corpus(load_corpus("books", "validation")[:100_000], tokenizer), 256)[:8]
+    # Rows of 128 tokens (window 32): 8 steps gained 0.008 (soft) and 0.007 (hard) in 40 s here, where rows of 256
+    # took 82 s (the default tier's largest test).
+    train = chunk_tokens(tokenize_corpus(load_corpus("books", "train")[:150_000], tokenizer), 128)
+    held_out = chunk_tokens(tokenize_corpus(load_corpus("books", "validation")[:100_000], tokenizer), 128)[:8]
     frozen = {name: p.detach().clone() for name, p in model.named_parameters()}
     apply_focus(model, FocusConfig(window=32, num_groups=16, top_k=2), calibration_ids=train[:8])
     try:
