@@ -6,7 +6,8 @@ SmolLM2 with a trained adapter (or k-means groups of the prompt without one) on 
 length: one prefill and one decoding step (after 4 warm-up steps), each profiled with torch.profiler, Focus hard
 through a FocusCache beside the unmodified model through a GrowingCache (the same in-place cache without Focus).
 The Focus code marks its parts (`focus/...` record_function labels): routing, index upkeep, the decomposition's
-local part, group sort, group part and merge, the decoding step's key selection. Writes
+local part, group sort, group part and merge, the decoding step's key selection; with --compile-step the native
+prompt's routing, band, segments, rectangles and merge. Writes
 <out>/profile_<tag>.md: per (length, phase, model) the wall time, the `focus/...` parts and the top operators by
 self CPU time, plus the group balance the index saw (largest group / mean group, per layer and head).
 """
