@@ -34,7 +34,8 @@ using focus_native::raise_maximum;
 
 // Query rows per tile (of one segment, or of one band), times R query heads. Wider tiles read more keys past a row's
 // own. When each tile copied its own blocks of keys, a 2K-token SmolLM2 layer's rectangles at top-2 (2 threads) took
-// 54, 44 and 46 ms at 16, 32 and 64 rows; from the shared panels 30, 32 and 48 rows are equal within the noise.
+// 54, 44 and 46 ms at 16, 32 and 64 rows; from the shared panels 30, 32 and 48 rows were equal within the noise. 30
+// fills its micro-tiles of QUERIES_AT_ONCE rows exactly (32 carried 4 padding vectors): 29.5 -> 27.9 ms, in turns.
 constexpr int64_t TILE_ROWS = 30;
 constexpr int64_t KEY_BLOCK = 64;   // keys scored, weighed and summed together
 constexpr int64_t TASKS_PER_THREAD = 8;  // tiles are dealt round-robin to this many tasks per thread: balanced work
