@@ -11,6 +11,7 @@ from focus.attention.decomposed import (
     theoretical_ratio,
 )
 from focus.attention.fast_path import current_fast_path, fast_path, use_fast_path
+from focus.attention.native_parts import native_routed_prefill
 from focus.attention.reference import causal_pairs, dense_attention, hard_allowed
 from focus.attention.routing import sink_keys
 
@@ -90,6 +91,8 @@ def test_native_prefill_falls_back_to_its_eager_parts_where_they_do_not_apply(la
         valid[1, -13:] = False
     query_groups = random_groups(2, 4, 150, num_groups, 2, torch.Generator().manual_seed(4))
     sinks = sink_keys(valid, 150, 1)
+    whole = native_routed_prefill(query, key, value, query_groups, groups, 9, valid, sinks.expand(2, 150) & valid, 0.25)
+    assert whole is None  # (the four native calls decline it)
     expected = reference(query, key, value, groups, num_groups, 9, valid, sinks, query_groups=query_groups)
     got = decomposed_hard_attention(query, key, value, groups, 9, valid, sinks, query_groups=query_groups, native=True)
     rows = valid[:, None, :, None].expand_as(got)

@@ -128,8 +128,14 @@ def test_a_prompt_routed_natively_gets_the_eager_groups(route_queries, rotary, s
     (`cache_key_groups` for the keys, `route_call` then top-k for the queries): the same groups, but where the eager
     scores of the k-th and the next group are within float32 rounding of each other (a product summed in another
     order may take either)."""
-    from focus.attention.routing import (cache_key_groups, key_positions, route_call, route_prompt_natively,
-                                         routing_vectors, top_k_groups)
+    from focus.attention.routing import (
+        cache_key_groups,
+        key_positions,
+        route_call,
+        route_prompt_natively,
+        routing_vectors,
+        top_k_groups,
+    )
 
     config = FocusConfig(num_groups=7, top_k=2, window=4, sink_tokens=1, mode="hard", route_queries=route_queries,
                          shared_centroids=shared)
@@ -235,8 +241,8 @@ def test_a_cropped_focus_cache_cuts_its_indexes_and_decodes_on_as_if_never_exten
 def test_the_native_step_runs_below_its_length_and_where_the_sparse_step_would_not_pay(monkeypatch):
     """Which step a SmolLM2-shaped layer (9/3 heads, 16 groups) takes by cache length, native steps asked for."""
     from focus.attention.decoding import GroupIndex
-    from focus.attention.step_cost import NATIVE_STEP_BELOW, sparse_step_pays
     from focus.attention.function import _native_step_applies
+    from focus.attention.step_cost import NATIVE_STEP_BELOW, sparse_step_pays
 
     monkeypatch.setattr(focus.attention.function, "sparse_step_pays", sparse_step_pays)  # the real cost model here
     def first_sparse(routing_heads, top_k):
