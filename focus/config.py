@@ -196,6 +196,15 @@ class FocusConfig:
             "every path; their centroids are kept but unused."
         },
     )
+    dense_below: int = field(
+        default=0,
+        metadata={
+            "help": "Inference only: a query at a position below this (its key's slot in the sequence, left padding "
+            "counted, from 0) attends to every key the model allows, as the unmodified model does; later queries "
+            "take Focus. Sparse attention pays only from some length on (InfLLM-v2 stays dense below 8,192 tokens); "
+            "per query, so prefill and decoding agree. Not applied while the centroids train (0 = Focus everywhere)."
+        },
+    )
     distill: float = field(
         default=0.0,
         metadata={
@@ -219,6 +228,8 @@ class FocusConfig:
             raise ConfigError(f"FocusConfig.sink_tokens must be >= 0, got {self.sink_tokens}")
         if self.window < 0:
             raise ConfigError(f"FocusConfig.window must be >= 0, got {self.window}")
+        if self.dense_below < 0:
+            raise ConfigError(f"FocusConfig.dense_below must be >= 0, got {self.dense_below}")
         if self.sinkhorn_iters < 0:
             raise ConfigError(f"FocusConfig.sinkhorn_iters must be >= 0, got {self.sinkhorn_iters}")
         if not 0 <= self.balance_momentum < 1:

@@ -195,7 +195,7 @@ def focus_disabled(model: PreTrainedModel) -> Iterator[PreTrainedModel]:
 
 def set_focus_mode(model: nn.Module, mode: str, **changes) -> None:
     """Switch every layer to `mode` ("soft" or "hard"), optionally changing other routing settings
-    (top_k, window, ...) that need no new parameters."""
+    (top_k, window, dense_below, ...) that need no new parameters."""
     if not has_focus(model):
         raise ValueError("model has no Focus; call apply_focus first")
     for module in attention_modules(model):

@@ -3,7 +3,8 @@
 transformers hands it the layer module, the projected (and rotary-embedded) heads and the mask its
 registered mask function built; everything Focus needs (config, centroids, balance bias) sits on the
 module, put there by `apply_focus`. Routing is `focus.attention.routing`'s; this module chooses the path
-that computes the pattern (unmodified, soft, hard: dense masked, decomposed, or a decoding step).
+that computes the pattern (unmodified, soft, hard: dense masked, decomposed, or a decoding step), and where a query
+attends as the unmodified model does instead (`FocusConfig.dense_below`, `_dense_rows`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,14 @@ from focus.attention.fast_path import current_fast_path
 from focus.attention.labels import label
 from focus.attention.native_step import ROUTE_QUERIES, native_step
 from focus.attention.recall import LOSSES_ATTRIBUTE, recall_loss
-from focus.attention.reference import dense_attention, hard_allowed, sdpa_grouped, soft_bias, unmodified_attention
+from focus.attention.reference import (
+    causal_pairs,
+    dense_attention,
+    hard_allowed,
+    sdpa_grouped,
+    soft_bias,
+    unmodified_attention,
+)
 from focus.attention.routing import (
     Routed,
     cache_key_groups,
@@ -113,17 +121,19 @@ def _attend(module, query, key, value, attention_mask, scaling, dropout, softcap
     call = AttentionCall(query, key, value, base_mask, scaling, dropout, softcap, kwargs.get("sliding_window"))
     trace = getattr(module, TRACE_ATTRIBUTE, None)
     index = take_cache_index(module)  # a FocusCache's group index of this layer's cached keys, or None
+    dense_rows = _dense_rows(module, q_len, k_len)  # the first queries, below `dense_below`: the model's attention
+    all_dense = dense_rows == q_len
     if index is not None:
         past = k_len - q_len
         step = (q_len == 1 and config.mode == "hard" and trace is None and config.window < k_len
                 and call.fast_path_applies())
-        if step and _native_step_applies(config, index, past, query):
+        if step and not all_dense and _native_step_applies(config, index, past, query):
             with label("focus/native_step"):
                 return _native_decoding_step(module, call, index, kwargs.get("position_ids"))
         arrived = (key if config.route_on == "key" else value)[:, :, past:]
         arrived_positions = key_positions(kwargs.get("position_ids"), k_len, key.device, first=past)
         valid = None if base_mask is None else base_mask.any(dim=-2)[:, 0, past:]
-        native_prompt = not step and trace is None and _native_prompt_applies(config, call, index)
+        native_prompt = not (step or all_dense) and trace is None and _native_prompt_applies(config, call, index)
         with label("focus/index_new_keys"):  # labels for torch.profiler (benchmarks/profile_focus.py)
             if step:  # the new key and the query heads routed in one pass
                 key_groups, query_groups = step_groups(module, query, arrived, arrived_positions)
@@ -132,11 +142,13 @@ def _attend(module, query, key, value, attention_mask, scaling, dropout, softcap
             else:
                 key_groups = cache_key_groups(module, routing_vectors(module, arrived, arrived_positions))
             index_new_keys(index, key_groups, past, valid)
-        if step:
+        if step and not all_dense:
             return _decoding_step(module, call, index, query_groups)
         if native_prompt:
             with label("focus/hard_attention"):
-                return _hard_attention(config, call, routed, index)
+                return _with_dense_rows(_hard_attention(config, call, routed, index), call, dense_rows)
+    if all_dense and trace is None:  # (a cache has indexed its keys all the same, for the queries Focus will take)
+        return call.unmodified()
     positions = key_positions(kwargs.get("position_ids"), k_len, key.device)
     if config.window >= k_len and trace is None:
         return call.unmodified()  # every pair the model allows is local: Focus is the model's own attention
@@ -165,9 +177,36 @@ def _attend(module, query, key, value, attention_mask, scaling, dropout, softcap
             hard = _hard_attention(config, call, routed)
         return soft + (hard - soft).detach()
     if config.mode == "soft":
-        return _soft_attention(config, call, routed)
+        return _with_dense_rows(_soft_attention(config, call, routed), call, dense_rows)
     with label("focus/hard_attention"):
-        return _hard_attention(config, call, routed, index)
+        return _with_dense_rows(_hard_attention(config, call, routed, index), call, dense_rows)
+
+
+def _dense_rows(module: nn.Module, q_len: int, k_len: int) -> int:
+    """How many of a call's queries, the first ones, attend as the unmodified model does (`FocusConfig.dense_below`):
+    those whose position, their key's slot among the call's keys (k_len - q_len + row, left padding counted), is
+    below it. 0 while the centroids train: rows shorter than `dense_below` still train them."""
+    below = module.focus_config.dense_below
+    if below == 0 or centroids_training(module):
+        return 0
+    return min(max(below - (k_len - q_len), 0), q_len)
+
+
+def _with_dense_rows(out: torch.Tensor, call: AttentionCall, rows: int) -> torch.Tensor:
+    """`out` (B, H, Q, D) with its first `rows` queries replaced by the unmodified model's attention (`_dense_rows`).
+
+    Causal: those queries see no key after the last of them, so the keys up to it are all they need. Not in place:
+    `out` may be what autograd saved (soft mode with gradients, outside training)."""
+    if rows == 0:
+        return out
+    keys = call.key.shape[-2] - call.query.shape[-2] + rows
+    if call.base_mask is not None:
+        mask = call.base_mask[..., :rows, :keys]
+    else:  # plainly causal, queries aligned to the end of the keys
+        mask = None if keys == rows else causal_pairs(rows, keys, call.query.device)[None, None]
+    own = unmodified_attention(call.query[:, :, :rows], call.key[:, :, :keys], call.value[:, :, :keys], mask,
+                               call.scaling, call.dropout, call.softcap)
+    return torch.cat([own.to(out.dtype), out[:, :, rows:]], dim=2)
 
 
 def _soft_attention(config: FocusConfig, call: AttentionCall, routed: Routed) -> torch.Tensor:
