@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from focus.attention.routing import group_membership
 
@@ -240,8 +241,14 @@ def sdpa_grouped(
         mask = torch.where(allowed, split_query_heads(bias, k_heads).to(query.dtype), floor)
     mask = mask.expand(b, k_heads, r, q_len, k_len).reshape(b, k_heads, r * q_len, k_len)
     q = query.reshape(b, k_heads, r * q_len, d)  # (B, K, R*Q, D)
-    out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling)
-    return out.view(b, h, q_len, d)
+    if mask.requires_grad and q.is_cuda:
+        # CUDA's memory-efficient kernel cannot return a mask's gradient here ("LSE is not correctly aligned"):
+        # the math kernel can.
+        with sdpa_kernel(SDPBackend.MATH):
+            out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling)
+    else:
+        out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling)
+    return out.reshape(b, h, q_len, d)  # the CUDA kernels' output is not always contiguous
 
 
 def unmodified_attention(query, key, value, base_mask, scaling, dropout, softcap) -> torch.Tensor:
