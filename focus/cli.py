@@ -36,7 +36,8 @@ class ModelArguments:
 @dataclass
 class DataArguments:
     domain: str = field(default="books", metadata={
-        "help": "Corpus, from the data mirror or the hub: books, wikitext2 (see focus.data)."})
+        "help": "Corpus, from the data mirror or the hub: books (novels cut by region), books_by_book (cut by book), "
+                "nonfiction, wikitext2 (see focus.data)."})
     mirror: str | None = field(default=None, metadata={"help": "Data mirror folder (default: FOCUS_DATA_MIRROR or "
                                                                "../shared/data when present)."})
 
@@ -51,6 +52,10 @@ class TrainArguments:
     retrieval_share: float = field(default=0.25, metadata={
         "help": "Share of the trained rows that are synthetic retrieval rows (focus.train.retrieval); 0: none."})
     retrieval_weight: float = field(default=5.0, metadata={"help": "Loss weight of a retrieval row's answer tokens."})
+    broad: str | None = field(default=None, metadata={
+        "help": "A broad corpus mixed into the trained rows (e.g. nonfiction): text the model must not forget, "
+                "learnt from the dense teacher when --distill > 0, else from its next tokens."})
+    broad_share: float = field(default=0.0, metadata={"help": "Share of the trained rows from --broad."})
     overwrite: bool = field(default=False, metadata={
         "help": "Train anew into an --output that holds a finished run, replacing its adapter."})
 
@@ -62,6 +67,19 @@ class AdapterArguments:
     revision: str | None = field(default=None, metadata={"help": "Branch, tag or commit of the adapter's hub repo."})
     mode: Literal["soft", "hard"] = field(default="hard", metadata={
         "help": "Focus at inference: hard (top-k groups, sparse) or soft (the training gate, dense)."})
+    dense_below: int | None = field(default=None, metadata={
+        "help": "Queries at positions below this attend as the unmodified model does, later ones take Focus "
+        "(FocusConfig.dense_below; none: the adapter's setting)."})
+
+    def __post_init__(self) -> None:
+        if self.dense_below is not None and not self.adapter:
+            raise ConfigError("--dense_below needs an --adapter: the pretrained model has no Focus to switch")
+        if self.dense_below is not None and self.dense_below < 0:
+            raise ConfigError(f"--dense_below must be >= 0, got {self.dense_below}")
+
+    def focus_changes(self) -> dict:
+        """The FocusConfig settings given here that need no training, for `set_focus_mode`."""
+        return {} if self.dense_below is None else {"dense_below": self.dense_below}
 
 
 @dataclass
@@ -188,14 +206,27 @@ def _train(argv: list[str]) -> int:
     if (out / "summary.json").exists() and not args.overwrite:
         raise ValueError(f"{out} holds a finished run (summary.json, adapter/); choose another --output, or "
                          "--overwrite to train anew and replace it")
+    if bool(args.broad) != bool(args.broad_share):
+        raise ValueError("--broad and --broad_share go together: a broad corpus and the share of rows it gives")
     _check_corpus(data.domain, ["train", "validation"], data.mirror)
+    if args.broad:
+        _check_corpus(args.broad, ["train"], data.mirror)
+    job_settings = dict(calibration_rows=args.calibration_rows, eval_rows=args.eval_rows,
+                        retrieval_share=args.retrieval_share, retrieval_weight=args.retrieval_weight,
+                        broad_share=args.broad_share)
+    TrainingJob(out / "tokens", args.seq_len, train, out / "metrics.jsonl", out / "summary.json",
+                broad_tokens=args.broad and out / "broad", **job_settings)  # shares refused before any tokenizing
     out.mkdir(parents=True, exist_ok=True)
     tokens = out / f"{data.domain}.tokens.safetensors"
     if not _tokens_usable(tokens):
         prepare_tokens(model.model, data.domain, ["train", "validation"], tokens, data.mirror)
+    broad_tokens = None
+    if args.broad:
+        broad_tokens = out / f"{args.broad}.tokens.safetensors"
+        if not _tokens_usable(broad_tokens):
+            prepare_tokens(model.model, args.broad, ["train"], broad_tokens, data.mirror)
     job = TrainingJob(tokens, args.seq_len, train, out / "metrics.jsonl", out / "summary.json",
-                      calibration_rows=args.calibration_rows, eval_rows=args.eval_rows,
-                      retrieval_share=args.retrieval_share, retrieval_weight=args.retrieval_weight)
+                      broad_tokens=broad_tokens, **job_settings)
     summary = train_focus(model.model, model.dtype, to_dict(focus), job, out / "adapter")
     final = summary.get("final", {})
     print(f"adapter: {out / 'adapter'}  validation perplexity {final.get('eval/ppl', float('nan')):.2f} after "
@@ -219,7 +250,8 @@ def _eval(argv: list[str]) -> int:
         output = Path(args.output or Path(scratch) / "record.json")
         if args.tasks:
             record = evaluate_benchmarks(model.model, model.dtype, method, args.tasks, [], output,
-                                         Path(scratch) / "samples", args.limit, args.batch_size, trained, data.mirror)
+                                         Path(scratch) / "samples", args.limit, args.batch_size, trained, data.mirror,
+                                         focus_changes=adapter.focus_changes())
             for task, metrics in record["tasks"].items():
                 print(f"{task}: " + ", ".join(f"{name} {value:.4f}" for name, value in metrics.items()
                                                if isinstance(value, float)))
@@ -228,7 +260,7 @@ def _eval(argv: list[str]) -> int:
         prepare_tokens(model.model, data.domain, [args.split], tokens, data.mirror)
         record = evaluate_perplexity(model.model, model.dtype, method, tokens, output, args.context_length,
                                      max_tokens=args.max_tokens, batch_size=args.batch_size, trained=trained,
-                                     split=args.split)
+                                     split=args.split, focus_changes=adapter.focus_changes())
     print(f"{data.domain} {args.split} perplexity {record['perplexity']:.2f} ({method}, {record['tokens']} tokens, "
           f"context {args.context_length})")
     return 0
@@ -255,7 +287,7 @@ def _generate(argv: list[str]) -> int:
     cache = None
     if trained:
         load_focus(model, trained)
-        set_focus_mode(model, adapter.mode)
+        set_focus_mode(model, adapter.mode, **adapter.focus_changes())
         # decoding reads the group index
         cache = FocusCache(model, compile_step=args.compile_step) if adapter.mode == "hard" else None
     if args.chat:

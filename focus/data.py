@@ -1,4 +1,11 @@
-"""Text corpora for perplexity: WikiText-2 and PG-19-style books, from the offline mirror or the hub.
+"""Text corpora for training and perplexity: WikiText-2, PG-19-style novels and non-fiction, from the offline mirror or
+the hub.
+
+    wikitext2      Salesforce/wikitext (the mirror holds validation and test; train is hub-only)
+    books          the 7 novels, each cut by region: its first 90% train, next 5% validation, last 5% test
+    books_by_book  the same novels, cut by book: 5 train, one validation, one test (a domain the centroids never saw)
+    nonfiction     10 non-fiction books in many registers, each cut by region as `books`: broad training text
+
 
 The mirror (see shared/data/README.md) holds hub-layout JSONL files, so a mirror file and its hub split give the
 same rows. Every (corpus, split) names exactly one hub dataset/config/split, read from the mirror when it has the
@@ -16,7 +23,7 @@ if TYPE_CHECKING:  # imported where used: profile validation reads this module w
     import torch
 
 MIRROR_ENV = "FOCUS_DATA_MIRROR"
-CORPORA = ("wikitext2", "books")
+CORPORA = ("wikitext2", "books", "books_by_book", "nonfiction")
 SPLITS = ("train", "validation", "test")
 
 _MANIFEST = "MANIFEST.json"
@@ -31,6 +38,12 @@ _WIKITEXT = {
     "test": ("wikitext-2-raw-v1", "wikitext/wikitext-2-raw-v1/test.jsonl"),
 }
 _BOOKS = "pg19_style_books/books.jsonl"
+_NONFICTION = "pg19_style_nonfiction/books.jsonl"
+_MIRROR_ONLY = {"books": _BOOKS, "books_by_book": _BOOKS, "nonfiction": _NONFICTION}
+"""Corpora read from the mirror alone (deepmind/pg19 on the hub is other data), by the file that holds them."""
+# The novels cut by book: the two held-out books are mid-sized (560K and 760K characters), so that each scores 16K
+# tokens and the five trained on keep 3.3M of the 4.7M characters.
+_HELD_OUT_BOOKS = {"validation": "The Adventures of Sherlock Holmes", "test": "A Tale of Two Cities"}
 # Per book, by characters: [0, 90%) train, [90%, 95%) validation, [95%, 100%] test, each cut moved to a line end.
 _BOOK_CUTS = (0.90, 0.95)
 
@@ -155,8 +168,9 @@ def load_corpus(name: str, split: str, mirror: str | Path | None = None) -> str:
 
     Args:
         name: "wikitext2" (rows of Salesforce/wikitext joined with "\\n\\n", the usual LLM perplexity text; test
-            and train are wikitext-2-raw-v1, validation is wikitext-2-v1) or "books" (the mirror's 7 PG-19-style
-            novels, each split by `split_book`, joined with "\\n\\n"; mirror only: deepmind/pg19 is other data).
+            and train are wikitext-2-raw-v1, validation is wikitext-2-v1), "books" or "nonfiction" (the mirror's 7
+            PG-19-style novels or 10 non-fiction books, each split by `split_book`), "books_by_book" (the novels
+            split by `split_books_by_book`); books are joined with "\\n\\n" and come from the mirror only.
         split: "train", "validation" or "test".
         mirror: mirror folder; default: `find_mirror()`.
 
@@ -169,14 +183,16 @@ def load_corpus(name: str, split: str, mirror: str | Path | None = None) -> str:
     path, relative, searched = _mirror_file(name, split, mirror)
     if path is not None:
         verify_mirror_file(path)
+        if name == "books_by_book":
+            return "\n\n".join(split_books_by_book(_mirror_rows(str(path)))[split])
         texts = _mirror_texts(str(path))
-        if name == "books":
+        if name in _MIRROR_ONLY:
             texts = tuple(split_book(book)[split] for book in texts)
         return "\n\n".join(texts)
 
-    if name == "books":
+    if name in _MIRROR_ONLY:
         raise FileNotFoundError(
-            f"books split {split!r} not found: no mirror file {relative} (searched {searched}); "
+            f"{name} split {split!r} not found: no mirror file {relative} (searched {searched}); "
             "books come only from the mirror (deepmind/pg19 on the hub is different data)"
         )
     config = _WIKITEXT[split][0]
@@ -207,8 +223,8 @@ def corpus_location(name: str, split: str, mirror: str | Path | None = None) -> 
     if path is not None:
         verify_mirror_file(path)
         return str(path)
-    if name == "books":
-        raise FileNotFoundError(f"books split {split!r} not found: no mirror file {relative} (searched {searched})")
+    if name in _MIRROR_ONLY:
+        raise FileNotFoundError(f"{name} split {split!r} not found: no mirror file {relative} (searched {searched})")
     if constants.HF_HUB_OFFLINE:
         raise FileNotFoundError(
             f"wikitext2 split {split!r} not found: no mirror file {relative} (searched {searched}) "
@@ -229,6 +245,25 @@ def split_book(text: str) -> dict[str, str]:
         cuts.append(len(text) if newline < 0 else newline + 1)
     first, second = cuts
     return {"train": text[:first], "validation": text[first:second], "test": text[second:]}
+
+
+def split_books_by_book(rows: tuple[dict, ...]) -> dict[str, list[str]]:
+    """The novels cut by book: {"validation": [one novel], "test": [another], "train": [the other five]}, in the
+    mirror's order. `rows` are the mirror's rows (`short_book_title`, `text`).
+
+    Raises:
+        ValueError: a held-out title is not among the rows (a mirror other than the one this split was chosen for).
+    """
+    titles = [row["short_book_title"] for row in rows]
+    missing = [title for title in _HELD_OUT_BOOKS.values() if title not in titles]
+    if missing:
+        raise ValueError(f"books_by_book holds out {' and '.join(missing)}, which the mirror's novels lack "
+                         f"(it has {', '.join(titles)})")
+    parts: dict[str, list[str]] = {"train": [], "validation": [], "test": []}
+    held_out = {title: split for split, title in _HELD_OUT_BOOKS.items()}
+    for row in rows:
+        parts[held_out.get(row["short_book_title"], "train")].append(row["text"])
+    return parts
 
 
 def tokenize_corpus(text: str, tokenizer) -> torch.Tensor:
@@ -271,7 +306,7 @@ def _mirror_file(name: str, split: str, mirror: str | Path | None) -> tuple[Path
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r} for corpus {name!r}; known: {', '.join(SPLITS)}")
     root = find_mirror(mirror)
-    relative = _BOOKS if name == "books" else _WIKITEXT[split][1]
+    relative = _MIRROR_ONLY.get(name) or _WIKITEXT[split][1]
     if root is not None and (root / relative).is_file():
         return root / relative, relative, str(root / relative)
     return None, relative, str(root / relative) if root is not None else _searched_places(mirror)
@@ -295,6 +330,15 @@ def _mirror_texts(path: str) -> tuple[str, ...]:
 
     rows = datasets.load_dataset("json", data_files={"rows": path}, split="rows")
     return tuple(rows["text"])
+
+
+@functools.lru_cache(maxsize=8)
+def _mirror_rows(path: str) -> tuple[dict, ...]:
+    """Every row of a hub-layout JSONL file in the mirror, as dicts (the book titles beside the texts)."""
+    import json
+
+    with open(path, encoding="utf-8") as file:
+        return tuple(json.loads(line) for line in file if line.strip())
 
 
 def _hub_texts(path: str, config: str, split: str) -> list[str]:

@@ -10,7 +10,15 @@ from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
 from focus import data
-from focus.data import MIRROR_ENV, chunk_tokens, find_mirror, load_corpus, split_book, tokenize_corpus
+from focus.data import (
+    MIRROR_ENV,
+    chunk_tokens,
+    find_mirror,
+    load_corpus,
+    split_book,
+    split_books_by_book,
+    tokenize_corpus,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -156,6 +164,32 @@ def test_books_splits_partition_every_book(mirror):
     assert 0.04 < len(corpus["test"]) / books < 0.06
     probe = corpus["test"][len(corpus["test"]) // 2 :][:300]  # held-out text must not leak into train
     assert probe not in corpus["train"] and probe not in corpus["validation"]
+
+
+def test_books_by_book_holds_out_whole_novels(mirror):
+    """Validation and test are each one whole novel that the train split never holds; train is the other five."""
+    rows = [json.loads(line) for line in open(mirror / "pg19_style_books/books.jsonl")]
+    corpus = {split: load_corpus("books_by_book", split) for split in ("train", "validation", "test")}
+    by_title = {row["short_book_title"]: row["text"] for row in rows}
+    assert corpus["validation"] == by_title["The Adventures of Sherlock Holmes"]
+    assert corpus["test"] == by_title["A Tale of Two Cities"]
+    held_out = ("The Adventures of Sherlock Holmes", "A Tale of Two Cities")
+    assert corpus["train"] == "\n\n".join(row["text"] for row in rows if row["short_book_title"] not in held_out)
+    for split in ("validation", "test"):  # not a line of either held-out novel leaks into training
+        probe = corpus[split][len(corpus[split]) // 2 :][:300]
+        assert probe not in corpus["train"]
+
+
+def test_nonfiction_splits_every_book_by_region(mirror):
+    rows = [json.loads(line) for line in open(mirror / "pg19_style_nonfiction/books.jsonl")]
+    assert len(rows) == 10
+    for split in ("train", "validation", "test"):
+        assert load_corpus("nonfiction", split) == "\n\n".join(split_book(row["text"])[split] for row in rows)
+
+
+def test_held_out_novels_missing_from_a_mirror_is_one_line():
+    with pytest.raises(ValueError, match="holds out The Adventures of Sherlock Holmes and A Tale of Two Cities"):
+        split_books_by_book(({"short_book_title": "Dracula", "text": "x"},))
 
 
 # --- tokens -------------------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import transformers
 from focus import apply_focus
 from focus.config import ConfigError, FocusConfig
 from focus.retrofit import focus_disabled
-from focus.train.checkpoint import CheckpointError
+from focus.train.checkpoint import CheckpointError, LogWindow
 from focus.train.config import TrainConfig
 from focus.train.loop import evaluate_loss, next_token_loss, train_parameters
 from focus.train.objective import Objective, focus_objective
@@ -357,6 +357,51 @@ def test_distillation_holds_a_focus_model_near_the_pretrained_one(tmp_path):
     final = train_parameters(model, data, TrainConfig(steps=2, batch_size=4, log_every=1), tmp_path,
                              objective=objective, progress=False)
     assert final["train/distill_loss"] > 0
+
+
+def test_the_teacher_term_weighs_only_the_rows_given_to_it(tmp_path):
+    """With term weights the teacher's KL is the weighted mean over the weighted rows' tokens (the broad rows of a
+    mixture); a batch with none adds 0 and still trains on the next-token loss; the weights belong to the resume."""
+    data = pattern_data()
+    model = apply_focus(tiny_llama(), FocusConfig(num_groups=4, window=4, top_k=1, distill=1.0),
+                        calibration_ids=data[:2])
+    _, term = focus_objective(model).terms["distill"]
+    batch = data[:3]
+    with torch.no_grad():
+        logits = model(input_ids=batch).logits
+        per_row = [term(model, batch[i : i + 1], logits[i : i + 1]) for i in range(3)]
+        weights = torch.zeros(batch.shape)
+        weights[1] = 1.0
+        torch.testing.assert_close(term(model, batch, logits, weights), per_row[1])
+        weights[2, : batch.shape[1] // 2 + 1] = 1.0  # the first half of row 2's predictions
+        half = term(model, batch[2:3, : batch.shape[1] // 2 + 1], logits[2:3, : batch.shape[1] // 2 + 1])
+        steps = batch.shape[1] - 1
+        expected = (per_row[1] * steps + half * (batch.shape[1] // 2)) / (steps + batch.shape[1] // 2)
+        torch.testing.assert_close(term(model, batch, logits, weights), expected)
+        assert term(model, batch, logits, torch.zeros(batch.shape)).item() == 0.0
+    broad = torch.zeros(data.shape)
+    broad[data.shape[0] // 2 :] = 1.0
+    config = TrainConfig(steps=2, batch_size=4, log_every=1, checkpoint_every=1)
+    final = train_parameters(model, data, config, tmp_path / "run", objective=focus_objective(model),
+                             token_weights=1 - broad, term_weights={"distill": broad}, progress=False)
+    assert final["train/distill_loss"] >= 0 and final["train/loss"] >= 0
+    with pytest.raises(CheckpointError):  # other weights, the same data: not the run the checkpoint belongs to
+        train_parameters(model, data, config.replace(steps=3), tmp_path / "run", objective=focus_objective(model),
+                         token_weights=1 - broad, term_weights={"distill": 1 - broad}, progress=False)
+
+
+def test_logged_losses_average_the_steps_they_applied_to():
+    """A batch of rows that learn from the teacher alone has no next-token loss: the logged mean leaves it out, as
+    the teacher's mean leaves out the batches it did not score; a window from an older checkpoint counts every step."""
+    window = LogWindow()
+    window.add(3.0, {"distill": 0.0}, {"loss": 1.0, "distill": 0.0})
+    window.add(0.0, {"distill": 0.2}, {"loss": 0.0, "distill": 1.0})
+    window.add(2.0, {"distill": 0.4}, {"loss": 1.0, "distill": 1.0})
+    assert window.means() == pytest.approx({"loss": 2.5, "distill": 0.3})
+    old = LogWindow(loss_sum=6.0, term_sums={"distill": 0.6}, steps=3)
+    assert old.means() == pytest.approx({"loss": 2.0, "distill": 0.2})
+    old.add(2.0, {"distill": 0.2})
+    assert old.means() == pytest.approx({"loss": 2.0, "distill": 0.2})
 
 
 def test_no_trainable_parameters_or_bad_data_is_one_clear_error(tmp_path):

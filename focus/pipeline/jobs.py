@@ -56,9 +56,11 @@ class TrainingJob:
     trains on identical batches; then at most `train_rows` rows (None: all) are trained on. The first `eval_rows`
     rows of the validation split are scored during training. A `retrieval_share` of the trained rows (default a
     quarter; 0: none) are synthetic retrieval rows (`with_retrieval_rows`), their answers weighed `retrieval_weight`
-    in the loss: without them the hard model forgets how to retrieve (docs/study.md part 5). `train` is how it
-    trains; `metrics` (JSON lines) and `summary` (JSON) are the job's records, which `finish` mirrors to W&B where
-    `wandb` says.
+    in the loss: without them the hard model forgets how to retrieve (docs/study.md part 5). A `broad_share` of them
+    are rows of a broad corpus (the train split of `broad_tokens`, another `prepare_tokens` file), spread evenly over
+    it: text the model must not forget, which learns from the dense teacher where the objective has one
+    (`training_rows`). `train` is how it trains; `metrics` (JSON lines) and `summary` (JSON) are the job's records,
+    which `finish` mirrors to W&B where `wandb` says.
     """
 
     tokens: str | Path
@@ -71,14 +73,17 @@ class TrainingJob:
     eval_rows: int = 0
     retrieval_share: float = 0.25
     retrieval_weight: float = 5.0
+    broad_tokens: str | Path | None = None
+    broad_share: float = 0.0
     progress: bool = True
     wandb: WandbTarget | None = None
 
     @classmethod
     def from_rule(cls, snakemake: Any, labels: dict[str, str] | None = None, **changes: Any) -> "TrainingJob":
-        """The job of a training rule: `params.rows` (seq_len and the row counts) and `params.train`, the tokens
-        input, the metrics and summary outputs, and its W&B run (`output.wandb`, `params.wandb`, `params.group`)
-        named by `labels` (default: the rule's wildcards).
+        """The job of a training rule: `params.rows` (seq_len, the row counts and shares) and `params.train`, the
+        tokens inputs (`tokens`, and `broad` where the profile mixes in a broad corpus), the metrics and summary
+        outputs, and its W&B run (`output.wandb`, `params.wandb`, `params.group`) named by `labels` (default: the
+        rule's wildcards).
 
         `params.train` is the TrainConfig the profile resolved, as a dict: Snakemake re-runs a job whose params
         changed only for params of builtin types (a dataclass would be "unrepresentable" and never compared).
@@ -87,11 +92,20 @@ class TrainingJob:
                             dict(snakemake.wildcards) if labels is None else labels)
         train = TrainConfig.from_dict(snakemake.params.train)
         return cls(**snakemake.params.rows, train=train, tokens=snakemake.input.tokens,
-                   metrics=snakemake.output.metrics, summary=snakemake.output.summary, wandb=wandb, **changes)
+                   broad_tokens=getattr(snakemake.input, "broad", None), metrics=snakemake.output.metrics,
+                   summary=snakemake.output.summary, wandb=wandb, **changes)
 
     def __post_init__(self) -> None:
         if not isinstance(self.train, TrainConfig):
             raise TypeError(f"TrainingJob.train must be a TrainConfig, got {type(self.train).__name__}")
+        for name in ("retrieval_share", "broad_share"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.retrieval_share + self.broad_share >= 1:
+            raise ValueError(f"retrieval_share {self.retrieval_share} + broad_share {self.broad_share} leave no room "
+                             "for the domain's rows: their sum must be below 1")
+        if self.broad_share and self.broad_tokens is None:
+            raise ValueError(f"broad_share {self.broad_share} needs the broad corpus's tokens (broad_tokens)")
 
     def config(self, **changes: Any) -> TrainConfig:
         """The job's TrainConfig, with `changes` (e.g. a from-scratch run's seed)."""
@@ -109,23 +123,55 @@ class TrainingJob:
         trained = rows[self.calibration_rows :]
         return rows[: self.calibration_rows], trained[: self.train_rows] if self.train_rows else trained, eval_data
 
+    def training_rows(
+        self, rows: torch.Tensor, tokenizer, window: int | None, teacher: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor] | None]:
+        """(the trained rows, their next-token weights or None, {"distill": the teacher's weights} or None).
+
+        The rows are `rows` (the domain's), then `broad_share` of the result from the broad corpus, then
+        `retrieval_share` synthetic retrieval rows (`focus.train.retrieval`) cut from the domain's train split with
+        answers beyond the Focus `window` (a baseline passes the window of the Focus run it is compared with, so
+        that both train on the same rows). With `teacher` (the objective has the dense teacher's term, `distill`)
+        the broad rows learn from the teacher alone: its KL weighs them, the next-token loss does not; without,
+        every row learns from the next-token loss.
+        """
+        total = rows.shape[0] / (1 - self.retrieval_share - self.broad_share)
+        parts, weights = [rows], [torch.ones(rows.shape)]
+        broad = torch.zeros(0, rows.shape[1], dtype=rows.dtype)
+        if self.broad_share:
+            broad = self._broad_rows(round(total * self.broad_share)).to(rows.dtype)
+            parts.append(broad)
+            weights.append(torch.zeros(broad.shape) if teacher else torch.ones(broad.shape))
+        if self.retrieval_share:
+            if window is None:
+                raise ValueError("retrieval rows need the Focus window their answers lie beyond (or retrieval_share 0)")
+            count = max(1, round(total * self.retrieval_share))
+            extra, answer_weights = retrieval_rows(tokenizer, read_tokens(self.tokens, "train").long(), count,
+                                                   self.seq_len, window, answer_weight=self.retrieval_weight)
+            parts.append(extra.to(rows.dtype))
+            weights.append(answer_weights)
+        ids, token_weights = torch.cat(parts), torch.cat(weights)
+        term_weights = None
+        if teacher and broad.shape[0]:
+            start = rows.shape[0]
+            term_weights = {"distill": torch.zeros(ids.shape)}
+            term_weights["distill"][start : start + broad.shape[0]] = 1.0
+        return ids, None if bool((token_weights == 1).all()) else token_weights, term_weights
+
     def with_retrieval_rows(
         self, rows: torch.Tensor, tokenizer, window: int | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(`rows` and the retrieval rows after them, their token weights or None): `retrieval_share` of the result
-        is retrieval rows (`focus.train.retrieval`), cut from the train split with answers beyond the Focus `window`
-        (a baseline passes the window of the Focus run it is compared with, so that both train on the same rows)."""
-        if not self.retrieval_share:
-            return rows, None
-        if window is None:
-            raise ValueError("retrieval rows need the Focus window their answers lie beyond (or retrieval_share 0)")
-        if not 0 < self.retrieval_share < 1:
-            raise ValueError(f"retrieval_share must be in [0, 1), got {self.retrieval_share}")
-        count = max(1, round(rows.shape[0] * self.retrieval_share / (1 - self.retrieval_share)))
-        extra, weights = retrieval_rows(tokenizer, read_tokens(self.tokens, "train").long(), count, self.seq_len,
-                                        window, answer_weight=self.retrieval_weight)
-        weights = torch.cat([torch.ones(rows.shape, dtype=weights.dtype), weights])
-        return torch.cat([rows, extra.to(rows.dtype)]), weights
+        """(`rows` and the rows after them, their token weights or None): `training_rows` without a teacher."""
+        ids, token_weights, _ = self.training_rows(rows, tokenizer, window)
+        return ids, token_weights
+
+    def _broad_rows(self, count: int) -> torch.Tensor:
+        """`count` rows of `seq_len` tokens of the broad corpus's train split, spread evenly over it (every book)."""
+        rows = chunk_tokens(read_tokens(self.broad_tokens, "train"), self.seq_len)
+        if count > rows.shape[0]:
+            raise ValueError(f"{self.broad_tokens}: broad_share {self.broad_share} asks for {count} rows of "
+                             f"{self.seq_len} tokens, its train split has {rows.shape[0]}")
+        return rows[torch.linspace(0, rows.shape[0] - 1, count).round().long()]
 
     @property
     def run_dir(self) -> Path:
@@ -133,7 +179,8 @@ class TrainingJob:
         return Path(self.metrics).parent / "run"
 
     def run(self, model: torch.nn.Module, rows: torch.Tensor, eval_data: torch.Tensor | None,
-            config: TrainConfig | None = None, token_weights: torch.Tensor | None = None) -> dict:
+            config: TrainConfig | None = None, token_weights: torch.Tensor | None = None,
+            term_weights: dict[str, torch.Tensor] | None = None) -> dict:
         """`train_parameters` (with the job's TrainConfig unless `config` is given) in `run_dir`, then copy its
         metrics to the job's `metrics`.
 
@@ -146,7 +193,8 @@ class TrainingJob:
         tic = time.perf_counter()
         try:
             final = train_parameters(model, rows, config, self.run_dir, eval_data=eval_data, objective=objective,
-                                     progress=self.progress, token_weights=token_weights)
+                                     progress=self.progress, token_weights=token_weights,
+                                     term_weights=term_weights)
         except CheckpointError as err:
             _log.warning("discarding the checkpoint in %s (%s); training from step 0", self.run_dir, err)
             barrier()  # every process has read (and refused) the checkpoint before it goes
@@ -155,7 +203,8 @@ class TrainingJob:
             barrier()
             resumed = False
             final = train_parameters(model, rows, config, self.run_dir, eval_data=eval_data, objective=objective,
-                                     progress=self.progress, token_weights=token_weights)
+                                     progress=self.progress, token_weights=token_weights,
+                                     term_weights=term_weights)
         seconds = time.perf_counter() - tic
         if is_main_process():
             Path(self.metrics).parent.mkdir(parents=True, exist_ok=True)
@@ -164,8 +213,10 @@ class TrainingJob:
             "final": final,
             "train_config": to_dict(config),
             "train_rows": rows.shape[0],  # retrieval rows included
-            "retrieval": {"share": self.retrieval_share, "weight": self.retrieval_weight} if token_weights is not None
+            "retrieval": {"share": self.retrieval_share, "weight": self.retrieval_weight} if self.retrieval_share
                          else None,
+            "broad": {"tokens": str(self.broad_tokens), "share": self.broad_share,
+                      "teacher": term_weights is not None} if self.broad_share else None,
             "seq_len": rows.shape[1],
             "seconds": round(seconds, 1),
             "resumed": resumed,

@@ -243,6 +243,8 @@ def _check_data(config: dict[str, Any]) -> None:
     mirror = config["data"].get("mirror")
     train = config["train"]
     needed = {(train["domain"], "train")}
+    if train.get("broad"):
+        needed.add((train["broad"], "train"))
     if train.get("eval_rows", 0) > 0:
         needed.add((train["domain"], "validation"))
     needed |= {(domain, "test") for domain in config["perplexity"]["domains"]}

@@ -99,7 +99,7 @@ def train_focus(
         model, tokenizer = _load_for_training(source, dtype, world)
         calibration, rows, eval_data = job.rows()
         config = FocusConfig.from_dict(focus)
-        rows, weights = job.with_retrieval_rows(rows, tokenizer, config.window)
+        rows, weights, term_weights = job.training_rows(rows, tokenizer, config.window, teacher=config.distill > 0)
         apply_focus(model, config, init_centroids=False)
         if world > 1:
             shard_model(model)
@@ -110,7 +110,7 @@ def train_focus(
         # The validation curve in the mode the objective trains for: the others than the soft gate's train the hard one.
         eval_mode = config.mode if config.objective == "language_model" else "hard"
         set_focus_mode(model, eval_mode, window=config.window)
-        record = job.run(model, rows, eval_data, token_weights=weights)
+        record = job.run(model, rows, eval_data, token_weights=weights, term_weights=term_weights)
         set_focus_mode(model, config.mode, window=config.window)
         save_focus(model, adapter_dir, base_model=source)
         record.update(focus_config=to_dict(config), trainable_parameters=focus_parameter_count(model),
@@ -222,6 +222,7 @@ def evaluate_perplexity(
     labels: dict[str, str] | None = None,
     progress: bool = True,
     split: str = "test",
+    focus_changes: dict[str, Any] | None = None,
 ) -> dict:
     """Perplexity of one (model, method) on one split (default test) of a `prepare_tokens` file, written to `output`.
 
@@ -230,8 +231,9 @@ def evaluate_perplexity(
             "<variant>-hard" (`trained` is that variant's Focus adapter; hard is top-k routing).
         labels: extra fields for the record (the pipeline's short model name and the domain).
         split: "test" (reported) or "validation" (what choices are made on).
+        focus_changes: FocusConfig settings that need no training (e.g. `dense_below`) over the adapter's.
     """
-    model, _ = load_method(source, dtype, method, trained)
+    model, _ = load_method(source, dtype, method, trained, focus_changes)
     ids = read_tokens(tokens, split)
     ids = ids[:max_tokens] if max_tokens else ids
     tic = time.perf_counter()
@@ -251,7 +253,7 @@ def evaluate_perplexity(
         "seconds": round(time.perf_counter() - tic, 2),
         "provenance": provenance(),
     }
-    record.update(_method_record(method, trained))
+    record.update(_method_record(method, trained, focus_changes))
     write_json(output, record)
     return record
 
@@ -269,14 +271,16 @@ def evaluate_benchmarks(
     trained: str | Path | None = None,
     mirror: str | None = None,
     labels: dict[str, str] | None = None,
+    focus_changes: dict[str, Any] | None = None,
 ) -> dict:
     """lm-eval scores of one (model, method): `tasks` as plain completions, `chat_tasks` with the chat template
     (as plain completions for a base model whose tokenizer has none; each task's record says which).
 
     Writes the record (per-task metrics, the settings, the method's Focus/LoRA config) to `output` and
     lm-eval's per-document logs to `samples`/<task>.jsonl. See `focus.eval.harness` for the task and prompt choices.
+    `focus_changes` as for `evaluate_perplexity`.
     """
-    model, tokenizer = load_method(source, dtype, method, trained)
+    model, tokenizer = load_method(source, dtype, method, trained, focus_changes)
     tic = time.perf_counter()
     results: dict[str, dict] = {}
     logs: dict[str, list] = {}
@@ -298,7 +302,7 @@ def evaluate_benchmarks(
         "num_fewshot": 0,
         "seconds": round(time.perf_counter() - tic, 1),
         "provenance": provenance(),
-        **_method_record(method, trained),
+        **_method_record(method, trained, focus_changes),
     }
     write_json(output, record)
     return record
@@ -367,28 +371,30 @@ def evaluate_ruler(
     return record
 
 
-def load_method(source: str, dtype: str, method: str, trained: str | Path | None = None) -> tuple[torch.nn.Module, Any]:
+def load_method(
+    source: str, dtype: str, method: str, trained: str | Path | None = None, focus_changes: dict[str, Any] | None = None
+) -> tuple[torch.nn.Module, Any]:
     """(model, tokenizer) as evaluated under `method`.
 
     "pretrained": `source` as is; "full_finetune": the fine-tuned model folder `trained`; "<variant>-soft|hard":
-    `source` with the Focus adapter `trained` in that routing mode; a `lora_name`: `source` with the LoRA adapter
-    `trained` merged into its weights.
+    `source` with the Focus adapter `trained` in that routing mode and `focus_changes` (settings that need no
+    training, `set_focus_mode`'s); a `lora_name`: `source` with the LoRA adapter `trained` merged into its weights.
     """
     variant = method_variant(method)
     loaded_from = str(trained) if method == FULL_FINETUNE else source
     model, tokenizer = load_model(loaded_from, _DTYPES[dtype], inference_device())
     if variant is not None:
         load_focus(model, trained)
-        set_focus_mode(model, variant[1])
+        set_focus_mode(model, variant[1], **(focus_changes or {}))
     elif parse_lora_name(method) is not None:
         model = load_lora(model, trained)
     return model, tokenizer
 
 
-def _method_record(method: str, trained: str | Path | None) -> dict:
+def _method_record(method: str, trained: str | Path | None, focus_changes: dict[str, Any] | None = None) -> dict:
     """What a result record says about the method's trained part: the Focus or LoRA config it ran with."""
     if method_variant(method) is not None:
-        return {"focus_config": read_adapter_config(trained)["focus_config"]}
+        return {"focus_config": {**read_adapter_config(trained)["focus_config"], **(focus_changes or {})}}
     if parse_lora_name(method) is not None:
         config = json.loads((Path(trained) / "adapter_config.json").read_text())
         return {"lora_config": {key: config[key] for key in ("r", "lora_alpha", "target_modules", "lora_dropout")}}

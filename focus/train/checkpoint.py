@@ -48,12 +48,33 @@ class LogWindow:
     loss_sum: float = 0.0
     term_sums: dict[str, float] = field(default_factory=dict)  # per objective term (`focus.train.objective`)
     steps: int = 0
+    # The steps each loss applied to (a batch of rows that learn from a teacher alone has no next-token loss), as
+    # shares of the processes where it did; None: every step (checkpoints written before these counts).
+    loss_steps: float | None = None
+    term_steps: dict[str, float] | None = None
 
-    def add(self, loss: float, terms: dict[str, float]) -> None:
+    def add(self, loss: float, terms: dict[str, float], applied: dict[str, float] | None = None) -> None:
+        """Add a step's losses; `applied` ({"loss" or a term: share of the step it applied to}, default 1) says
+        which were measured: a loss that applied to none of the step is not averaged in."""
+        applied = applied or {}
+        self.loss_steps = (self.steps if self.loss_steps is None else self.loss_steps) + applied.get("loss", 1.0)
+        self.term_steps = {name: self.steps for name in self.term_sums} if self.term_steps is None else self.term_steps
         self.loss_sum += loss
         for name, value in terms.items():
             self.term_sums[name] = self.term_sums.get(name, 0.0) + value
+            self.term_steps[name] = self.term_steps.get(name, 0.0) + applied.get(name, 1.0)
         self.steps += 1
+
+    def means(self) -> dict[str, float]:
+        """{"loss": mean next-token loss, name: mean of each term} over the steps each applied to (none: left out)."""
+        loss_steps = self.steps if self.loss_steps is None else self.loss_steps
+        term_steps = self.term_steps or {}
+        found = {"loss": self.loss_sum / loss_steps} if loss_steps else {}
+        for name, total in self.term_sums.items():
+            steps = term_steps.get(name, self.steps)
+            if steps:
+                found[name] = total / steps
+        return found
 
 
 def data_fingerprint(data: torch.Tensor) -> str:
@@ -120,7 +141,8 @@ def save_checkpoint(
             "optimizer": optimizer_state,
             "scheduler": scheduler.state_dict(),
             "rng": _rng_state(world),
-            "window": {"loss_sum": window.loss_sum, "term_sums": dict(window.term_sums), "steps": window.steps},
+            "window": {"loss_sum": window.loss_sum, "term_sums": dict(window.term_sums), "steps": window.steps,
+                       "loss_steps": window.loss_steps, "term_steps": window.term_steps},
             "config": to_dict(config),
             "data_sha256": fingerprint,
             "focus_config": focus,

@@ -83,7 +83,8 @@ def next_token_loss(
         return F.cross_entropy(shifted, targets, reduction=reduction)
     weights = weights[:, 1:].reshape(-1).to(shifted.device, torch.float32)
     total = (F.cross_entropy(shifted, targets, reduction="none") * weights).sum()
-    return total / weights.sum() if reduction == "mean" else total
+    # A batch whose every weight is 0 (rows that learn from a teacher alone) adds nothing, rather than 0 / 0.
+    return total / weights.sum().clamp_min(1e-12) if reduction == "mean" else total
 
 
 @torch.no_grad()
@@ -131,6 +132,7 @@ def train_parameters(
     progress: bool = True,
     on_log: Callable[[dict[str, Any]], None] | None = None,
     token_weights: torch.Tensor | None = None,
+    term_weights: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, Any]:
     """Train the parameters of `model` that require grad (the Focus centroids, LoRA adapters, or every weight); resume from `output_dir` if it holds a checkpoint.
 
@@ -157,6 +159,8 @@ def train_parameters(
             (to mirror the record elsewhere, such as W&B).
         token_weights: optional (N, L) weight of predicting each token of `data` (`next_token_loss`): a batch's
             next-token loss is then its weighted mean (for example answers weighed up in retrieval rows).
+        term_weights: optional {term name: (N, L) weights}: the objective term of that name is given its batch's
+            weights (for example the teacher's KL on the rows of broad text alone, `focus.train.objective`).
     Returns:
         The record of the final step: `step`, `train/loss` (mean over the steps since the previous
         train line), `train/lr` (used by this step), `train/grad_norm` (before clipping of this step),
@@ -169,7 +173,7 @@ def train_parameters(
         CheckpointError: `output_dir/checkpoint.pt` was written for other parameters, data, TrainConfig or
             FocusConfig.
     """
-    run = _set_up(model, data, config, eval_data, token_weights)
+    run = _set_up(model, data, config, eval_data, token_weights, term_weights)
     objective = objective or Objective()
     output_dir = Path(output_dir)
     checkpoint = output_dir / CHECKPOINT_NAME
@@ -206,14 +210,17 @@ def train_parameters(
             batch = batches.rows(step)[rank::world]  # (B / world, L): this process's share of the batch
             lr = run.optimizer.param_groups[0]["lr"]
             weights = None if token_weights is None else token_weights[batch]
-            ce, terms, grad_norm = _optimizer_step(model, data[batch].to(device), run, config, objective, weights)
-            window.add(ce, terms)
+            batch_terms = {name: term[batch] for name, term in (term_weights or {}).items()}
+            ce, terms, applied, grad_norm = _optimizer_step(model, data[batch].to(device), run, config, objective,
+                                                            weights, batch_terms)
+            window.add(ce, terms, applied)
             bar.update(1)
 
             record = {"step": step}
             if step % config.log_every == 0 or step == config.steps:
                 record.update(_train_record(window, step, lr, grad_norm, config, data.shape[1], tic))
-                bar.set_postfix(loss=f"{record['train/loss']:.4f}")
+                if "train/loss" in record:
+                    bar.set_postfix(loss=f"{record['train/loss']:.4f}")
                 window = LogWindow()
             is_eval_step = config.eval_every > 0 and step % config.eval_every == 0
             if eval_data is not None and (is_eval_step or step == config.steps):
@@ -273,6 +280,7 @@ def _set_up(
     config: TrainConfig,
     eval_data: torch.Tensor | None,
     token_weights: torch.Tensor | None = None,
+    term_weights: dict[str, torch.Tensor] | None = None,
 ) -> _Run:
     if not isinstance(config, TrainConfig):
         raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
@@ -285,12 +293,14 @@ def _set_up(
         )
     _check_tokens("data", data, model, min_rows=config.batch_size)
     fingerprint = data_fingerprint(data)
-    if token_weights is not None:
-        if token_weights.shape != data.shape or not token_weights.is_floating_point() or not bool(
-                (token_weights >= 0).all()):
-            raise ValueError(f"token_weights must be floats >= 0 of the data's shape {tuple(data.shape)}, got "
-                             f"{token_weights.dtype} of shape {tuple(token_weights.shape)}")
-        fingerprint = data_fingerprint(torch.cat([data.double(), token_weights.double()]))
+    weighed = {"token_weights": token_weights} if token_weights is not None else {}
+    weighed.update({f"term_weights[{name!r}]": weights for name, weights in sorted((term_weights or {}).items())})
+    for name, weights in weighed.items():
+        if weights.shape != data.shape or not weights.is_floating_point() or not bool((weights >= 0).all()):
+            raise ValueError(f"{name} must be floats >= 0 of the data's shape {tuple(data.shape)}, got "
+                             f"{weights.dtype} of shape {tuple(weights.shape)}")
+    if weighed:  # a resume must see the same weights as the data they weigh
+        fingerprint = data_fingerprint(torch.cat([data.double(), *(w.double() for w in weighed.values())]))
     if eval_data is not None:
         _check_tokens("eval_data", eval_data, model, min_rows=1)
     world = rank_and_world()[1]
@@ -328,13 +338,16 @@ def _train_record(
     window: LogWindow, step: int, lr: float, grad_norm: torch.Tensor, config: TrainConfig, seq_len: int,
     tic: float,
 ) -> dict[str, float]:
-    """The train line of a logged step: means over the steps since the previous one."""
-    train_loss = window.loss_sum / window.steps
-    if not math.isfinite(train_loss):
-        raise FloatingPointError(f"train/loss is {train_loss} at step {step}; lower TrainConfig.lr")
-    record = {"train/loss": train_loss}
-    for name, total in window.term_sums.items():
-        record[f"train/{name}_loss"] = total / window.steps
+    """The train line of a logged step: means over the steps since the previous one (each loss over the steps it
+    applied to: a batch whose rows learn from the teacher alone has no next-token loss)."""
+    means = window.means()
+    record = {}
+    if "loss" in means:
+        if not math.isfinite(means["loss"]):
+            raise FloatingPointError(f"train/loss is {means['loss']} at step {step}; lower TrainConfig.lr")
+        record["train/loss"] = means.pop("loss")
+    for name, mean in means.items():
+        record[f"train/{name}_loss"] = mean
     record["train/lr"] = lr
     record["train/grad_norm"] = float(grad_norm)
     record["train/tokens"] = step * config.batch_size * seq_len
@@ -349,9 +362,11 @@ def _optimizer_step(
     config: TrainConfig,
     objective: Objective,
     weights: torch.Tensor | None = None,
-) -> tuple[float, dict[str, float], torch.Tensor]:
+    term_weights: dict[str, torch.Tensor] | None = None,
+) -> tuple[float, dict[str, float], dict[str, float], torch.Tensor]:
     """One AdamW step (and schedule step) on `batch` (B, L) minimising `objective`; returns (cross-entropy, each
-    term's unweighted value, pre-clip grad norm).
+    term's unweighted value, {"loss" or a term: 1 if it applied to the batch (any of its weights > 0), else 0},
+    pre-clip grad norm).
 
     Distributed, `batch` is this process's equal share of the global batch and the losses returned are means over
     the processes; so is the gradient (FSDP averages sharded ones as it reduce-scatters them, plain ones are
@@ -361,8 +376,11 @@ def _optimizer_step(
     ce = next_token_loss(logits, batch, weights=weights)
     loss = objective.next_token_weight * ce if objective.next_token_weight else 0.0
     terms = {}
+    applied = {"loss": _applies(weights)}
     for name, (weight, term) in objective.terms.items():
-        value = term(model, batch, logits)
+        given = (term_weights or {}).get(name)
+        value = term(model, batch, logits) if given is None else term(model, batch, logits, given)
+        applied[name] = _applies(given)
         terms[name] = value.detach().float().item()
         loss = loss + weight * value
     if not loss.requires_grad:
@@ -382,10 +400,15 @@ def _optimizer_step(
     run.scheduler.step()
     ce_value = ce.detach().item()
     if rank_and_world()[1] > 1:
-        values = torch.tensor([ce_value, *terms.values()], dtype=torch.float64, device=ce.device)
+        values = torch.tensor([ce_value, *terms.values(), *applied.values()], dtype=torch.float64, device=ce.device)
         ce_value, *averaged = average_across_processes(values).tolist()
-        terms = dict(zip(terms, averaged))
-    return ce_value, terms, full_state(grad_norm)
+        terms, applied = dict(zip(terms, averaged)), dict(zip(applied, averaged[len(terms) :]))
+    return ce_value, terms, applied, full_state(grad_norm)
+
+
+def _applies(weights: torch.Tensor | None) -> float:
+    """1.0 when a loss weighed by `weights` (B, L) scores any token of its batch (None: every token), else 0.0."""
+    return 1.0 if weights is None or bool(weights[:, 1:].gt(0).any()) else 0.0
 
 
 def _epoch_permutation(seed: int, epoch: int, n: int) -> torch.Tensor:

@@ -211,6 +211,14 @@ def train_tokens(wildcards):
     return tokens_file(wildcards.model, P["train"]["domain"])
 
 
+def train_inputs(wildcards):
+    """A training job's token files: the domain's (`tokens`) and the broad corpus's (`broad`) where it has one."""
+    inputs = {"tokens": train_tokens(wildcards)}
+    if P["train"].get("broad_share"):
+        inputs["broad"] = tokens_file(wildcards.model, P["train"]["broad"])
+    return inputs
+
+
 def trained_input(model, method):
     """{"trained": <the folder `method` loads on top of the model>} or {} for the pretrained model."""
     variant = method_variant(method)
@@ -267,7 +275,8 @@ def variant_focus(wildcards):
 
 def training_rows(section):
     """A training section's row settings, as focus.pipeline.jobs.TrainingJob takes them (it holds the defaults)."""
-    keys = ("seq_len", "calibration_rows", "train_rows", "eval_rows", "retrieval_share", "retrieval_weight")
+    keys = ("seq_len", "calibration_rows", "train_rows", "eval_rows", "retrieval_share", "retrieval_weight",
+            "broad_share")
     return {key: section[key] for key in keys if key in section}
 
 

@@ -6,7 +6,7 @@ rule train_focus:
     conda:
         ENVIRONMENT
     input:
-        tokens=train_tokens,
+        unpack(train_inputs),
     output:
         adapter=directory(f"{R}/train/{{model}}/{{variant}}/adapter"),
         metrics=f"{R}/train/{{model}}/{{variant}}/metrics.jsonl",
@@ -34,7 +34,7 @@ rule train_full_finetune:
     conda:
         ENVIRONMENT
     input:
-        tokens=train_tokens,
+        unpack(train_inputs),
     output:
         model=directory(f"{R}/train/{{model}}/full_finetune/model"),
         metrics=f"{R}/train/{{model}}/full_finetune/metrics.jsonl",
@@ -62,7 +62,7 @@ rule train_lora:
     conda:
         ENVIRONMENT
     input:
-        tokens=train_tokens,
+        unpack(train_inputs),
     output:
         adapter=directory(f"{R}/train/{{model}}/{{lora}}/adapter"),
         metrics=f"{R}/train/{{model}}/{{lora}}/metrics.jsonl",
