@@ -87,6 +87,9 @@ def main() -> None:
     parser.add_argument("--needle-trials", type=int, default=2, help="per depth (5 depths)")
     parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
     parser.add_argument("--length-tokens", type=int, default=32768)
+    parser.add_argument("--adapter", action="append", default=[],
+                        help="NAME=FOLDER of a design trained earlier (test and lengths phases without a screen)")
+    parser.add_argument("--winner", help="the design the test and lengths phases report (default: the rule's)")
     parser.add_argument("--dense-path", action="store_true",
                         help="compute hard Focus by the dense masked oracle (a GPU without flash-attn)")
     parser.add_argument("--deadline", type=float, default=math.inf, help="seconds from the start")
@@ -105,7 +108,7 @@ def main() -> None:
     with fast_path("dense") if args.dense_path else nullcontext():
         model, tokenizer = load_model(PACKAGED_SMOLLM2, getattr(torch, args.dtype))
         log("model loaded")
-        adapters = {}
+        adapters = dict(spec.split("=", 1) for spec in args.adapter)
         rows: list[dict] = []
         if "screen" in args.phases:
             tokens = _split_tokens(args.tokens, "validation")
@@ -132,8 +135,8 @@ def main() -> None:
                     if has_focus(model):
                         remove_focus(model)
                 _write(rows, out / "no_worse_screen", args, "validation")
-        winner = _winner(rows)
-        log(f"winner on validation: {winner}")
+        winner = args.winner or _winner(rows)
+        log(f"winner on validation: {winner}" + (" (given)" if args.winner else ""))
         if "test" in args.phases and winner:
             tokens = _split_tokens(args.tokens, "test")
             with torch.no_grad():
@@ -145,7 +148,7 @@ def main() -> None:
                 load_focus(model, adapters[name])
                 set_focus_mode(model, "hard")
                 with torch.no_grad():
-                    test_rows.append(_row(name, DESIGNS[name], _score(model, tokenizer, tokens, args), base,
+                    test_rows.append(_row(name, DESIGNS.get(name, {}), _score(model, tokenizer, tokens, args), base,
                                           distant_attention_recall(model, _kept_rows(tokens))["kept"], {}))
                 remove_focus(model)
                 log(f"{name} test {test_rows[-1]}")

@@ -179,6 +179,17 @@ def test_claims_report_lists_every_claim_of_the_paper():
     assert (frame["verdict"] == UNTESTED).all()
 
 
+@pytest.mark.parametrize(("wikitext2", "verdict"), [(20.09, HOLDS), (20.5, FAILS)])
+def test_no_degradation_counts_perplexity_on_text_the_centroids_never_saw(wikitext2, verdict):
+    """Off the training domain hard Focus must stay within +0.5% of pretrained; the training domain does not count."""
+    ppl = pd.DataFrame({"model": "m", "method": ["pretrained", "focus-hard", "focus-soft"] * 2,
+                        "domain": ["wikitext2"] * 3 + ["books"] * 3,
+                        "perplexity": [20.0, wikitext2, 25.0, 30.0, 35.0, 29.0]})
+    row = judge_claims({"main_model": "m", "train_domain": "books", "perplexity": ppl}).set_index("claim").loc[
+        "downstream benchmarks after retrofit"]
+    assert row["verdict"] == verdict and f"wikitext2 {wikitext2 / 20 - 1:+.1%} (focus-hard)" in row["ours"]
+
+
 @pytest.mark.parametrize(("unchanged", "verdict"), [([True, True], HOLDS), ([True, False], FAILS),
                                                     ([None, None], UNTESTED)])
 def test_retrofit_verdict_comes_from_the_frozen_weights_checksums(unchanged, verdict):
