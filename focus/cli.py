@@ -4,6 +4,7 @@
     focus eval --adapter runs/books/adapter --mode hard --split test         # perplexity (or --tasks arc_easy)
     focus generate --adapter runs/books/adapter --prompt "Once upon a time"  # text through Focus hard decoding
     focus bench --kind decode --lengths 4096 8192 --model ''                 # speed against full attention
+    focus --version
 
 Every option's help is the help string of the dataclass field it sets (FocusConfig, TrainConfig and the argument
 classes below), read by transformers' HfArgumentParser. Errors are one line on stderr, exit status 2.
@@ -99,6 +100,8 @@ class GenerateArguments:
     prompt: str = field(metadata={"help": "Text to continue."})
     max_new_tokens: int = field(default=50, metadata={"help": "Tokens to generate (greedy)."})
     chat: bool = field(default=False, metadata={"help": "Wrap the prompt in the tokenizer's chat template."})
+    device: str = field(default="auto", metadata={
+        "help": "Where the model runs: cpu, cuda, cuda:1, ... (auto: the first GPU when there is one, else the CPU)."})
     compile_step: bool = field(default=False, metadata={
         "help": "Hard mode: each masked decoding step as one native call (built with the C++ compiler on first use)."})
 
@@ -124,6 +127,11 @@ class BenchArguments:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["--version"], ["-V"]):
+        from focus.version import __version__
+
+        print(f"focus {__version__}")
+        return 0
     if not argv or argv[0] not in COMMANDS:
         if argv and argv[0] not in ("-h", "--help"):
             print(f"focus: error: unknown command {argv[0]!r}; one of {', '.join(COMMANDS)}", file=sys.stderr)
@@ -283,7 +291,14 @@ def _generate(argv: list[str]) -> int:
     _check_model(model_args.model, 1 + args.max_new_tokens, "a prompt token + --max_new_tokens =")
     # The adapter first: a wrong path is one line at once, not after the model loads (or converts, on a fresh cache).
     trained = _resolve_adapter(adapter)
-    model, tokenizer = load_model(model_args.model, getattr(torch, model_args.dtype))
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    try:
+        device = torch.device(device)
+    except RuntimeError as err:
+        raise ValueError(f"--device {args.device!r}: {str(err).splitlines()[0]}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {args.device}: this torch sees no CUDA device")
+    model, tokenizer = load_model(model_args.model, getattr(torch, model_args.dtype), device)
     cache = None
     if trained:
         load_focus(model, trained)
@@ -296,6 +311,7 @@ def _generate(argv: list[str]) -> int:
                                                return_dict=True)
     else:
         inputs = tokenizer(args.prompt, return_tensors="pt")
+    inputs = inputs.to(device)
     length = inputs["input_ids"].shape[1] + args.max_new_tokens
     _check_model(model_args.model, length, f"the prompt's {inputs['input_ids'].shape[1]} tokens + --max_new_tokens =")
     with torch.no_grad():

@@ -20,6 +20,13 @@ def test_help_lists_the_commands_and_each_option_says_what_it_sets(capsys):
         assert expected in text, expected
 
 
+def test_version_is_the_package_version(capsys):
+    from focus import __version__
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"focus {__version__}\n"
+
+
 def test_unknown_commands_and_missing_adapters_are_one_line_errors(tmp_path, capsys):
     assert main(["tune"]) == 2
     assert capsys.readouterr().err.strip() == "focus: error: unknown command 'tune'; one of train, eval, generate, bench"
@@ -46,6 +53,10 @@ CARELESS = {  # argv -> the one line it ends in, before a model or tokenizer loa
                                           "--window", "8", "--broad", "nonfiction", "--broad_share", "0.8"],
                                          "retrieval_share 0.25 + broad_share 0.8 leave no room for the domain's rows"),
     "empty prompt": (["generate", "--model", "tiny:llama", "--prompt", ""], "--prompt is empty"),
+    "a device this torch lacks": (["generate", "--model", "tiny:llama", "--prompt", "Hi", "--device", "cuda"],
+                                  "--device cuda: this torch sees no CUDA device"),
+    "not a device": (["generate", "--model", "tiny:llama", "--prompt", "Hi", "--device", "gpu0"],
+                     "--device 'gpu0': "),
     "generation beyond the positions": (["generate", "--model", "tiny:llama", "--prompt", "Hi", "--max_new_tokens",
                                          "5000"], "a prompt token + --max_new_tokens = 5001 is beyond the 2048"),
     "negative length": (["bench", "--kind", "decode", "--lengths", "-5", "--model", ""],
