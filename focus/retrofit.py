@@ -27,6 +27,9 @@ from focus.models import input_device
 
 logger = logging.getLogger(__name__)
 
+_SAVERS = ("save_pretrained", "push_to_hub")
+"""The model's own save and upload, refused on a Focus model (`_refuse_saving`)."""
+
 _CALIBRATION = "focus_calibration"
 _CALIBRATION_TOKENS = 2048  # random-token calibration size when the caller gives no text
 
@@ -141,8 +144,30 @@ def apply_focus(
     if init_centroids:
         calibrate_centroids(model, calibration_ids, calibration_mask, seed)
     model.set_attn_implementation(FOCUS_ATTENTION)
+    for name in _SAVERS:
+        setattr(model, name, _refuse_saving(name))
     logger.info("Focus: %s trainable centroid parameters", f"{focus_parameter_count(model):,}")
     return model
+
+
+class FocusSaveError(RuntimeError):
+    """A Focus model's own `save_pretrained` or `push_to_hub` was called: it would write the centroids into the base
+    model's weights, which `from_pretrained` then drops (unexpected keys), giving back the plain model."""
+
+
+class _refuse_saving:  # noqa: N801 (stands where a method was); a class, so a Focus model still pickles
+    """The instance's `save_pretrained` / `push_to_hub` on a Focus model: a one-line error naming the calls to use."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __call__(self, *args, **kwargs):
+        use = ("focus.push_to_hub(model, repo_id) uploads the adapter, load_focus_model(repo_id) loads it back"
+               if self.name == "push_to_hub" else
+               "save_focus(model, folder) writes the adapter (~0.4 MB), load_focus_model(folder) or "
+               "load_focus(base_model, folder) loads it back")
+        raise FocusSaveError(f"{self.name} on a Focus model would save the base model with the centroids inside, "
+                             f"which from_pretrained loads as the plain model; {use} (or remove_focus(model) first)")
 
 
 def calibrate_centroids(
@@ -177,6 +202,8 @@ def remove_focus(model: PreTrainedModel) -> PreTrainedModel:
     model.set_attn_implementation(original["attn_implementation"])
     for name, param in model.named_parameters():
         param.requires_grad_(original["requires_grad"][name])
+    for name in _SAVERS:
+        model.__dict__.pop(name, None)  # the class's own again
     del model._focus_original
     return model
 

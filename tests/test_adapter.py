@@ -117,3 +117,36 @@ def test_an_adapter_loads_in_the_mode_it_was_trained_for(tmp_path, objective, lo
     assert focus_config(model).mode == loads_as
     set_focus_mode(model, "soft")  # the caller's choice stands
     assert focus_config(model).mode == "soft"
+
+
+@pytest.mark.parametrize("saver", ["save_pretrained", "push_to_hub"])
+def test_a_focus_model_refuses_the_plain_save_and_upload_naming_the_calls_to_use(tmp_path, saver, monkeypatch):
+    """transformers' own save would write the centroids into the base weights, which from_pretrained drops as
+    unexpected keys, handing back the plain model: refused in one line (before any file or hub request), and the
+    class's own again after remove_focus."""
+    from focus.retrofit import FocusSaveError, remove_focus
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model = apply_focus(tiny_model("llama"), FocusConfig(num_groups=4, window=8), calibration_ids=torch.randint(0, 100, (2, 32)))
+    with pytest.raises(FocusSaveError, match="load_focus_model") as refused:
+        getattr(model, saver)(str(tmp_path / "saved"))
+    assert "\n" not in str(refused.value) and not (tmp_path / "saved").exists()
+    remove_focus(model)
+    model.save_pretrained(tmp_path / "plain")  # the plain model saves as it always did
+    assert (tmp_path / "plain" / "config.json").is_file()
+
+
+def test_smollm2_with_focus_refuses_save_pretrained_and_saves_again_without_it(smollm2, tmp_path):
+    from focus.retrofit import FocusSaveError, remove_focus
+
+    model, tokenizer = smollm2
+    apply_focus(model, FocusConfig(num_groups=4, window=64), calibration_ids=tokenizer("Call me Ishmael.",
+                                                                                      return_tensors="pt").input_ids)
+    try:
+        with pytest.raises(FocusSaveError, match="save_focus"):
+            model.save_pretrained(tmp_path / "saved")
+        save_focus(model, tmp_path / "adapter")
+    finally:
+        remove_focus(model)
+    assert "save_pretrained" not in model.__dict__ and not (tmp_path / "saved").exists()
+    assert (tmp_path / "adapter" / CONFIG_NAME).is_file()
