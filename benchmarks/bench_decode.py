@@ -38,7 +38,7 @@ def main() -> None:
     parser.add_argument("--text", default=None, help="prompts from this corpus split, e.g. books:validation "
                         "(default: random tokens)")
     parser.add_argument("--compile-step", action="store_true", help="Focus's masked decoding steps as one native "
-                        "call each (FocusCache(model, compile_step=True); CPU; one-layer rows get a native_s column)")
+                        "call each (FocusCache(model, native=True); CPU; one-layer rows get a native_s column)")
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--tag", default="cpu")
     args = parser.parse_args()

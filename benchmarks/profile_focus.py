@@ -45,7 +45,7 @@ def main() -> None:
     parser.add_argument("--tag", default="cpu")
     parser.add_argument("--top-k", type=int, default=None, help="hard top-k (default: the adapter's, or 2)")
     parser.add_argument("--compile-step", action="store_true",
-                        help="FocusCache(model, compile_step=True): native decoding steps and prefill parts")
+                        help="FocusCache(model, native=True): native decoding steps and prefill parts")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -70,7 +70,7 @@ def main() -> None:
             try:
                 if args.compile_step:
                     native_step()  # built (or loaded) before the profile
-                cache = FocusCache(model, compile_step=args.compile_step)
+                cache = FocusCache(model, native=args.compile_step)
                 focus = _profiled(model, ids, cache)
                 balance = _balance(cache)
             finally:

@@ -102,8 +102,10 @@ class GenerateArguments:
     chat: bool = field(default=False, metadata={"help": "Wrap the prompt in the tokenizer's chat template."})
     device: str = field(default="auto", metadata={
         "help": "Where the model runs: cpu, cuda, cuda:1, ... (auto: the first GPU when there is one, else the CPU)."})
-    compile_step: bool = field(default=False, metadata={
-        "help": "Hard mode: each masked decoding step as one native call (built with the C++ compiler on first use)."})
+    kernels: Literal["auto", "native", "eager"] = field(default="auto", metadata={
+        "help": "Hard mode's prompt and decoding steps: native CPU kernels where they apply (auto, falling back to "
+                "PyTorch with a warning when they cannot be built), native (they must), or eager PyTorch."})
+    compile_step: bool = field(default=False, metadata={"help": "Deprecated: --kernels native."})
 
 
 @dataclass
@@ -122,7 +124,7 @@ class BenchArguments:
     dtype: Literal["float32", "bfloat16", "float16"] = field(default="float32", metadata={"help": "Tensor dtype."})
     repeats: int = field(default=5, metadata={"help": "Timed repeats (the median is reported)."})
     compile_step: bool = field(default=False, metadata={
-        "help": "decode: Focus's masked steps as one native call each (FocusCache(model, compile_step=True); CPU)."})
+        "help": "decode: Focus's masked steps as one native call each (FocusCache(model, native=True); CPU)."})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -304,7 +306,8 @@ def _generate(argv: list[str]) -> int:
         load_focus(model, trained)
         set_focus_mode(model, adapter.mode, **adapter.focus_changes())
         # decoding reads the group index
-        cache = FocusCache(model, compile_step=args.compile_step) if adapter.mode == "hard" else None
+        native = True if args.compile_step else {"auto": None, "native": True, "eager": False}[args.kernels]
+        cache = FocusCache(model, native=native) if adapter.mode == "hard" else None
     if args.chat:
         messages = [{"role": "user", "content": args.prompt}]
         inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",

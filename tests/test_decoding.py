@@ -241,7 +241,7 @@ def test_generate_through_a_focus_cache_on_smollm2_is_the_dense_pattern(smollm2,
     monkeypatch.setattr(focus.attention.function, "sparse_step_pays", lambda *args: next(turns))
     try:
         with torch.no_grad(), counting_sparse_steps() as calls:
-            out = model.generate(input_ids=ids, attention_mask=mask, past_key_values=FocusCache(model),
+            out = model.generate(input_ids=ids, attention_mask=mask, past_key_values=FocusCache(model, native=False),
                                  do_sample=False, max_new_tokens=new, min_new_tokens=new, output_logits=True,
                                  return_dict_in_generate=True)
             steps = calls[0]

@@ -77,7 +77,7 @@ def test_matches_the_dense_reference(case, backend, routing, one_thread):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_native_rectangles_match_the_dense_reference(case, routing, one_thread):
     """The band, the rectangles and the merge as native calls (`focus.attention.native_parts`, what a
-    FocusCache(compile_step=True) prefill runs)."""
+    FocusCache(native=True) prefill runs)."""
     check_case(case, "torch", routing, native=True)
 
 

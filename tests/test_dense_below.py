@@ -37,13 +37,13 @@ def counting(monkeypatch, name: str) -> list:
 
 def attend(layer, below: int, path: str, inputs) -> torch.Tensor:
     """One whole-sequence call (B, H, L, D) with `dense_below=below`: through the dense masked path ("dense"), the
-    decomposition ("decomposed") or a FocusCache(compile_step=True) prompt ("native": routed and attended natively)."""
+    decomposition ("decomposed") or a FocusCache(native=True) prompt ("native": routed and attended natively)."""
     q, key, v, mask = inputs
     layer.focus_config = layer.focus_config.replace(dense_below=below)
     if path == "native":
         config = layer.focus_config
         index = GroupIndex(q.shape[0], key.shape[1], config.num_groups, config.top_k, config.sink_tokens, q.device,
-                           compile_step=True)
+                           native=True)
         setattr(layer, CACHE_INDEX_ATTRIBUTE, index)
     with torch.no_grad(), fast_path("dense" if path == "dense" else "auto"):
         out = run_focus(layer, q, key, v, mask, scaling=0.4)
@@ -152,7 +152,7 @@ def test_a_full_forward_and_decoding_through_a_focus_cache_switch_at_the_same_po
         with focus_disabled(model):
             unmodified = model(input_ids=ids, attention_mask=mask).logits
         full = model(input_ids=ids, attention_mask=mask).logits  # the decomposition
-        runs = {(name, compile_step): fed(model, ids, mask, segments, FocusCache(model, compile_step=compile_step))
+        runs = {(name, compile_step): fed(model, ids, mask, segments, FocusCache(model, native=compile_step))
                 for name, segments in SEGMENTS.items() for compile_step in (False, True)}
     layers = model.config.num_hidden_layers
     # Native steps from the switch on (after the 14-token prompt, after the chunk to 13, after 6 tokens), a native
@@ -173,7 +173,7 @@ def test_generate_switches_where_a_full_forward_of_its_tokens_does():
     prompt = ids[:1, :6]
     for compile_step in (False, True):
         with torch.no_grad():
-            out = model.generate(prompt, past_key_values=FocusCache(model, compile_step=compile_step), do_sample=False,
+            out = model.generate(prompt, past_key_values=FocusCache(model, native=compile_step), do_sample=False,
                                  max_new_tokens=12, min_new_tokens=12, output_logits=True, return_dict_in_generate=True)
             with fast_path("dense"):
                 full = model(input_ids=out.sequences[:, :-1]).logits
@@ -187,7 +187,7 @@ def test_beyond_the_sequence_the_model_is_the_unmodified_one():
         with focus_disabled(model):
             unmodified = model(input_ids=ids, attention_mask=mask).logits
         full = model(input_ids=ids, attention_mask=mask).logits
-        decoded = fed(model, ids, mask, [(0, 6)], FocusCache(model, compile_step=True))
+        decoded = fed(model, ids, mask, [(0, 6)], FocusCache(model, native=True))
     torch.testing.assert_close(full[real], unmodified[real], atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(decoded[real], unmodified[real], atol=1e-5, rtol=1e-4)
 
@@ -244,7 +244,7 @@ def test_the_commands_set_it_over_the_adapters(tmp_path, capsys):
     generate = ["generate", "--model", "tiny:llama", "--prompt", "Once upon a time", "--max_new_tokens", "8"]
     assert main(generate) == 0
     pretrained = capsys.readouterr().out
-    assert main([*generate, "--adapter", str(tmp_path / "adapter"), "--dense_below", "2048", "--compile_step"]) == 0
+    assert main([*generate, "--adapter", str(tmp_path / "adapter"), "--dense_below", "2048", "--kernels", "native"]) == 0
     assert capsys.readouterr().out == pretrained  # dense below every position it reaches: the pretrained tokens
 
     evaluate = ["eval", "--model", "tiny:llama", "--split", "validation", "--context_length", "64",

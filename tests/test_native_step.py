@@ -1,4 +1,4 @@
-"""The native decoding step (`FocusCache(model, compile_step=True)`) against the dense reference and the eager step."""
+"""The native decoding step (`FocusCache(model, native=True)`) against the dense reference and the eager step."""
 
 import pytest
 import torch
@@ -6,8 +6,9 @@ from test_attention import make_inputs, make_layer, reference_attention, referen
 from test_decoding import CASES, counting_calls, decode
 
 import focus.attention.function
-from focus import FocusConfig
-from focus.attention.decoding import GroupIndex
+from focus import FocusConfig, apply_focus
+from focus.attention.decoding import FocusCache, GroupIndex
+from focus.models import tiny_model
 
 
 def counting_native_steps():
@@ -23,12 +24,12 @@ def masked_steps(monkeypatch):
 
 @pytest.fixture
 def native_indexes(monkeypatch):
-    """The layer tests' indexes ask for the native step, as `FocusCache(model, compile_step=True)` makes them."""
+    """The layer tests' indexes ask for the native step, as `FocusCache(model, native=True)` makes them."""
     made = GroupIndex.__init__
 
     def native(self, *args, **kwargs):
         made(self, *args, **kwargs)
-        self.compile_step = True
+        self.native = True
 
     monkeypatch.setattr(GroupIndex, "__init__", native)
 
@@ -124,7 +125,7 @@ def test_native_steps_in_half_precision_route_as_the_eager_steps_within_twice_th
 @pytest.mark.parametrize("rotary", [True, False])
 @pytest.mark.parametrize("shared", [False, True])
 def test_a_prompt_routed_natively_gets_the_eager_groups(route_queries, rotary, shared):
-    """`route_prompt_natively` (a FocusCache(compile_step=True) prompt) against the eager routing of the same prompt
+    """`route_prompt_natively` (a FocusCache(native=True) prompt) against the eager routing of the same prompt
     (`cache_key_groups` for the keys, `route_call` then top-k for the queries): the same groups, but where the eager
     scores of the k-th and the next group are within float32 rounding of each other (a product summed in another
     order may take either)."""
@@ -164,7 +165,7 @@ def test_a_prompt_routed_natively_gets_the_eager_groups(route_queries, rotary, s
 @pytest.mark.slow
 @pytest.mark.parametrize("top_k", [1, 2])
 def test_generate_with_the_native_step_on_smollm2_gives_the_eager_tokens(smollm2, top_k):
-    """Greedy generate() through FocusCache(compile_step=True) after a left-padded prompt of real text: the tokens and
+    """Greedy generate() through FocusCache(native=True) after a left-padded prompt of real text: the tokens and
     logits of the eager FocusCache, every step past the prompt native, and the prompt's parts native
     (`native_routed_prefill`)."""
     import focus.attention.decomposed
@@ -192,7 +193,7 @@ def test_generate_with_the_native_step_on_smollm2_gives_the_eager_tokens(smollm2
         for compile_step in (False, True):
             with torch.no_grad(), counting_native_steps() as calls:
                 out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=24,
-                                     min_new_tokens=24, past_key_values=FocusCache(model, compile_step=compile_step),
+                                     min_new_tokens=24, past_key_values=FocusCache(model, native=compile_step),
                                      output_logits=True, return_dict_in_generate=True)
             runs.append((out, calls[0], sum(prefills)))
     finally:
@@ -225,14 +226,14 @@ def test_a_cropped_focus_cache_cuts_its_indexes_and_decodes_on_as_if_never_exten
     ids = torch.randint(0, 128, (1, 60), generator=torch.Generator().manual_seed(3))
     apply_focus(model, FocusConfig(num_groups=4, window=4, top_k=2, mode="hard"), calibration_ids=ids[:, :32])
     with torch.no_grad():
-        cache = FocusCache(model, compile_step=compile_step)
+        cache = FocusCache(model, native=compile_step)
         model(input_ids=ids[:, :30], past_key_values=cache)
         for t in range(30, 40):  # decoded, then taken back
             model(input_ids=ids[:, t : t + 1], past_key_values=cache)
         cache.crop(-10)
         assert {index.length for index in cache.indexes.values()} == {30}
         after = torch.cat([model(input_ids=ids[:, t : t + 1], past_key_values=cache).logits for t in range(30, 45)], 1)
-        fresh = FocusCache(model, compile_step=compile_step)
+        fresh = FocusCache(model, native=compile_step)
         model(input_ids=ids[:, :30], past_key_values=fresh)
         expected = torch.cat([model(input_ids=ids[:, t : t + 1], past_key_values=fresh).logits for t in range(30, 45)], 1)
     torch.testing.assert_close(after, expected, atol=1e-6, rtol=0)
@@ -250,7 +251,7 @@ def test_the_native_step_runs_below_its_length_and_where_the_sparse_step_would_n
 
     assert {(rh, k): first_sparse(rh, k) for rh, k in ((9, 1), (3, 1), (3, 2), (9, 2))} == {
         (9, 1): 6400, (3, 1): 3584, (3, 2): 10240, (9, 2): None}  # against the eager masked step
-    index = GroupIndex(1, 3, 16, 1, 0, "cpu", compile_step=True)
+    index = GroupIndex(1, 3, 16, 1, 0, "cpu", native=True)
     index.key_bits = torch.zeros(1, 3, 0, dtype=torch.int64)
     query = torch.zeros(1, 9, 1, 64)
     for route_queries, top_k, native_up_to in (("query", 1, NATIVE_STEP_BELOW), ("kv_head", 2, NATIVE_STEP_BELOW),
@@ -259,3 +260,33 @@ def test_the_native_step_runs_below_its_length_and_where_the_sparse_step_would_n
         for length in (1024, NATIVE_STEP_BELOW - 1, NATIVE_STEP_BELOW, 2 * NATIVE_STEP_BELOW):
             index.length = length - 1
             assert _native_step_applies(config, index, length - 1, query) == (length < native_up_to), (config, length)
+
+
+def test_focus_cache_takes_the_native_kernels_by_default_and_falls_back_with_one_warning(monkeypatch):
+    """FocusCache(model) on the CPU runs the native kernels; where they cannot be built it warns once and runs the
+    eager path; native=True then fails in one line, native=False never builds; compile_step is a deprecated alias."""
+    import warnings
+
+    import focus.attention.native_step as native_step_module
+
+    model = apply_focus(tiny_model("llama"), FocusConfig(num_groups=4, window=4, mode="hard"),
+                        calibration_ids=torch.randint(0, 100, (2, 32)))
+    assert FocusCache(model).native and not FocusCache(model, native=False).native
+
+    def broken():
+        raise RuntimeError("Focus's native CPU kernels could not be built (no compiler here); they need a C++ compiler")
+
+    monkeypatch.setattr(native_step_module, "native_step", broken)
+    with pytest.warns(RuntimeWarning, match="could not be built .* runs the eager PyTorch path") as caught:
+        cache = FocusCache(model)
+    assert len(caught) == 1 and not cache.native
+    ids = torch.randint(0, 100, (1, 12))
+    with torch.no_grad():  # and it decodes: the eager path
+        model.generate(ids, max_new_tokens=4, do_sample=False, past_key_values=cache)
+    with pytest.raises(RuntimeError, match="could not be built"):
+        FocusCache(model, native=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not FocusCache(model, native=False).native  # never asks for a build
+    with pytest.warns(FutureWarning, match="compile_step=...\\) is deprecated"):
+        assert not FocusCache(model, compile_step=False).native

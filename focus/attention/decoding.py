@@ -18,6 +18,8 @@ The pattern is the dense reference's (`focus.attention.reference.hard_allowed`):
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -57,10 +59,10 @@ class GroupIndex:
 
     def __init__(
         self, batch: int, k_heads: int, num_groups: int, top_k: int, sink_tokens: int, device,
-        scratch: ScratchRows | None = None, compile_step: bool = False,
+        scratch: ScratchRows | None = None, native: bool = False,
     ):
         self.num_groups, self.top_k, self.length = num_groups, top_k, 0
-        self.compile_step = compile_step  # steps run as one native call (`focus.attention.native_step`)
+        self.native = native  # steps and prompts run as native calls (`focus.attention.native_step`, `native_parts`)
         self.scratch = scratch or ScratchRows()  # where a step gathers its distant keys (one per cache, shared)
         group_dtype = torch.int8 if num_groups <= 127 else torch.int16  # a byte per group id where it fits
         self.key_groups = torch.full((batch, k_heads, 0, top_k), -1, dtype=group_dtype, device=device)
@@ -192,7 +194,7 @@ class GroupIndex:
         valid = (kept[:, 0, :, 0] >= 0) if length else None
         b, k_heads = self._counts.shape[:2]
         self.__init__(b, k_heads, self.num_groups, self.top_k, self.sinks.shape[1], self._counts.device, self.scratch,
-                      self.compile_step)
+                      self.native)
         if length:
             self.extend(kept.clamp_min(0), valid)
 
@@ -236,19 +238,49 @@ def _reserve(buffer: torch.Tensor, dim: int, needed: int, fill: int = -1) -> tor
     return grown
 
 
+def _native_kernels(model: nn.Module, wanted: bool | None) -> bool:
+    """Whether a FocusCache of `model` runs the native kernels: `wanted` True or False decides (True on another device
+    than the CPU, or without a build, is an error); None takes them where the model is on the CPU and they build."""
+    if wanted is False:
+        return False
+    device = next(model.parameters()).device
+    if device.type != "cpu":
+        if wanted:
+            raise ValueError(f"FocusCache(native=True): the native kernels run on the CPU, the model is on {device}")
+        return False
+    from focus.attention.native_step import native_step
+
+    try:
+        native_step()  # built once per machine (about a minute), then loaded from torch's extension cache
+    except RuntimeError as error:
+        if wanted:
+            raise
+        warnings.warn(f"{str(error).splitlines()[0]}; FocusCache runs the eager PyTorch path (slower)", RuntimeWarning,
+                      stacklevel=3)
+        return False
+    return True
+
+
 class FocusCache(GrowingCache):
     """A `DynamicCache` (appending in place: `GrowingCache`) that keeps a `GroupIndex` per Focus layer and hands it
     to that layer's attention call.
 
     Sliding-window cache layers (their old keys leave the cache) are not indexed: they take the dense path.
-    `compile_step=True` runs each decoding step below 12K keys (routing, index upkeep, attention) as one native call
-    (`focus.attention.native_step`): the same output within float32 rounding, built with the C++ compiler on first
-    use (about a minute, then cached).
+
+    `native`: whether the prompt and the decoding steps run as native CPU calls (`focus.attention.native_step`,
+    `native_parts`; the same outputs within float32 rounding, built with the C++ compiler on first use, about a
+    minute, then cached). None (the default): wherever they apply, a model on the CPU, falling back to the eager
+    PyTorch path with one warning when they cannot be built; True: they must (an error otherwise); False: the eager
+    path. `compile_step` is its former name, deprecated.
     """
 
-    def __init__(self, model: nn.Module, compile_step: bool = False, **kwargs):
+    def __init__(self, model: nn.Module, native: bool | None = None, compile_step: bool | None = None, **kwargs):
         super().__init__(config=model.config, **kwargs)
-        self.compile_step = compile_step
+        if compile_step is not None:
+            warnings.warn("FocusCache(compile_step=...) is deprecated: it is FocusCache(native=...), and native kernels "
+                          "are the default on the CPU", FutureWarning, stacklevel=2)
+            native = compile_step if native is None else native
+        self.native = _native_kernels(model, native)
         self.focus_modules = {m.layer_idx: m for m in model.modules() if hasattr(m, "focus_config")}
         if not self.focus_modules:
             raise ValueError("FocusCache needs a model with Focus; call apply_focus first")
@@ -263,7 +295,7 @@ class FocusCache(GrowingCache):
                 config = module.focus_config
                 self.indexes[layer_idx] = GroupIndex(
                     keys.shape[0], keys.shape[1], config.num_groups, config.top_k, config.sink_tokens, keys.device,
-                    self.scratch, self.compile_step,
+                    self.scratch, self.native,
                 )
             setattr(module, CACHE_INDEX_ATTRIBUTE, self.indexes[layer_idx])
         return keys, values

@@ -108,7 +108,7 @@ def decomposed_hard_attention(
             token's key groups, `groups`.
         chunk: queries per kernel row block of the group part when `query_groups` is given ("torch" backend).
         native: with `query_groups` ("torch" backend, CPU), the band and the rectangles as native calls
-            (`focus.attention.native_parts`; built on first use, as `FocusCache(compile_step=True)` builds its step).
+            (`focus.attention.native_parts`; built on first use, as `FocusCache(native=True)` builds its step).
 
     Returns:
         (B, H, L, D) in the dtype of `query`; rows of padding queries are zero.

@@ -233,7 +233,7 @@ def _hard_attention(
             # The query heads of a key/value head share its groups: one copy (native routing gives one already).
             query_groups = query_groups[:, :: call.query.shape[1] // call.key.shape[1]]
         # A FocusCache that runs native steps runs the prefill's band and rectangles natively too (`native_parts`).
-        native = index is not None and index.compile_step and call.query.device.type == "cpu"
+        native = index is not None and index.native and call.query.device.type == "cpu"
         return _decomposed_with_dense_heads(config, call, routed, groups, query_groups, native)
     allowed = hard_allowed(
         groups[:, :, k_len - q_len :] if query_groups is None else query_groups, groups, config.num_groups,
@@ -274,7 +274,7 @@ def _native_step_applies(config: FocusConfig, index: GroupIndex, past: int, quer
     """Whether this decoding step runs as one native call (`focus.attention.native_step`): its cache asked for it,
     the step runs on the CPU, below `NATIVE_STEP_BELOW` keys or where the sparse step would not pay anyway, and the
     index needs nothing but the new key (no cropped cache to rebuild, every row's sink tokens already seen)."""
-    if not (index.compile_step and query.device.type == "cpu" and index.key_bits is not None and index.length == past
+    if not (index.native and query.device.type == "cpu" and index.key_bits is not None and index.length == past
             and index.sinks_found):
         return False
     k_heads = index.key_bits.shape[1]
@@ -286,7 +286,7 @@ def _native_step_applies(config: FocusConfig, index: GroupIndex, past: int, quer
 def _native_prompt_applies(config: FocusConfig, call: AttentionCall, index: GroupIndex) -> bool:
     """Whether a prompt routes natively (`route_prompt_natively`): its cache runs native steps on the CPU, and the whole
     prompt goes through the query-routed decomposition in hard mode (which then runs natively too)."""
-    return (index.compile_step and call.query.device.type == "cpu" and config.mode == "hard"
+    return (index.native and call.query.device.type == "cpu" and config.mode == "hard"
             and config.route_queries != "key" and config.window < call.key.shape[-2] and call.decomposable())
 
 

@@ -1,5 +1,5 @@
 """The query-routed prefill's parts as native calls (`native_rectangle.cpp`, `native_segments.cpp`, `native_merge.cpp`,
-built with the native decoding step): what a `FocusCache(model, compile_step=True)` prefill runs on the CPU instead of
+built with the native decoding step): what a `FocusCache(model, native=True)` prefill runs on the CPU instead of
 the eager parts of `focus.attention.decomposed`, with the same pairs, the same (output, log-sum-exp) and the same
 merge. `native_routed_prefill` is the whole of it, four calls; the other functions are its parts, and what the eager
 decomposition calls where those four do not apply (group ids from 63 on, padding not only on the left).

@@ -13,7 +13,7 @@ eager step fused it into 2 kernels of 30 us but kept 110 us of guard and wrapper
 than eager inside the model.
 
 It is compiled with the C++ compiler on first use (about a minute, then cached by torch under
-~/.cache/torch_extensions), so it is opt-in: `FocusCache(model, compile_step=True)`. CPU tensors only. From
+~/.cache/torch_extensions); a `FocusCache(model)` of a model on the CPU runs it (`native=False` does not). From
 `NATIVE_STEP_BELOW` keys on, where the sparse step pays, the sparse step (through the group lists) runs instead;
 steps before every row has its sink tokens and any other device stay eager. Its routing is the eager step's, its
 output the dense reference's within float32 rounding (`tests/test_native_step.py`).
@@ -76,5 +76,5 @@ def native_step():
                     extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
     except (RuntimeError, OSError, ImportError) as error:  # no compiler or ninja, or a failed build
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise RuntimeError(f"FocusCache(compile_step=True) could not build its native step ({first}); it needs a "
-                           "C++ compiler and ninja (pip install ninja); without them use FocusCache(model)") from error
+        raise RuntimeError(f"Focus's native CPU kernels could not be built ({first}); they need a C++ compiler and "
+                           "ninja (pip install ninja)") from error

@@ -141,7 +141,7 @@ def generate_rows(
     or random tokens. Trained groups are less balanced than k-means groups of random tokens, and a step reads its
     groups' keys: each row reports the balance the index saw (`group_balance`: largest over mean group, median over
     layers and key/value heads). `compile_step`: Focus's masked steps as one native call each
-    (`FocusCache(model, compile_step=True)`; built before the timing starts). Per setting, the unmodified model and
+    (`FocusCache(model, native=True)`; built before the timing starts). Per setting, the unmodified model and
     Focus decode `rounds` times each, taking turns from the same prompt state, and each side reports its median."""
     from transformers import DynamicCache
 
@@ -182,7 +182,7 @@ def generate_rows(
                     remove_focus(model)
                     base_prefills.append(_prefill(model, ids, GrowingCache(config=model.config))[0])
                     _attach_focus(model, setting, adapter, ids)
-                    cache = FocusCache(model, compile_step=compile_step)
+                    cache = FocusCache(model, native=compile_step)
                     seconds, focus_logits = _prefill(model, ids, cache)
                     focus_prefills.append(seconds)
                 base_prefill, focus_prefill = (sorted(t)[len(t) // 2] for t in (base_prefills, focus_prefills))
