@@ -90,7 +90,8 @@ class EvalArguments:
     max_tokens: int | None = field(default=None, metadata={"help": "Score only the first this many tokens."})
     batch_size: int = field(default=4, metadata={"help": "Windows (or lm-eval requests) per forward pass."})
     tasks: list[str] = field(default_factory=list, metadata={
-        "help": "lm-eval tasks instead of perplexity (e.g. arc_easy); tasks the mirror lacks need the hub."})
+        "help": "lm-eval tasks instead of perplexity (e.g. arc_easy, mmlu: any task lm-eval knows); tasks the "
+                "data mirror lacks need the hub."})
     limit: int | None = field(default=None, metadata={"help": "lm-eval: documents per task."})
     output: str | None = field(default=None, metadata={"help": "Write the JSON record here too."})
 
@@ -175,6 +176,17 @@ def _check_corpus(domain: str, splits: list[str], mirror: str | None) -> None:
         corpus_location(domain, split, mirror)  # FileNotFoundError or MirrorError, naming where it looked
 
 
+def _check_tasks(tasks: list[str]) -> None:
+    """Tasks the data mirror lacks need the hub: without it, one line now rather than a skipped task later."""
+    from focus.eval.harness import MIRRORED_TASKS, hub_unavailable
+
+    elsewhere = [task for task in tasks if task not in MIRRORED_TASKS]
+    reason = hub_unavailable() if elsewhere else None
+    if reason is not None:
+        raise ConfigError(f"--tasks {' '.join(elsewhere)}: {reason}; offline, the mirror holds "
+                          f"{', '.join(MIRRORED_TASKS)}")
+
+
 def _resolve_adapter(adapter: AdapterArguments) -> Path | None:
     """The adapter's folder, its config read and checked: a wrong path or a damaged adapter is one line at once."""
     if not adapter.adapter:
@@ -255,6 +267,8 @@ def _eval(argv: list[str]) -> int:
     trained = _resolve_adapter(adapter)
     if not args.tasks:
         _check_corpus(data.domain, [args.split], data.mirror)
+    else:
+        _check_tasks(args.tasks)
     method = f"focus-{adapter.mode}" if trained else "pretrained"
     with tempfile.TemporaryDirectory() as scratch:
         output = Path(args.output or Path(scratch) / "record.json")

@@ -52,6 +52,8 @@ CARELESS = {  # argv -> the one line it ends in, before a model or tokenizer loa
     "shares that leave no domain rows": (["train", "--model", "tiny:llama", "--output", "{tmp}/run", "--seq_len", "64",
                                           "--window", "8", "--broad", "nonfiction", "--broad_share", "0.8"],
                                          "retrieval_share 0.25 + broad_share 0.8 leave no room for the domain's rows"),
+    "a task only the hub holds, offline": (["eval", "--model", "tiny:llama", "--tasks", "mmlu"],
+                                           "--tasks mmlu: not in the data mirror and the hub is"),
     "empty prompt": (["generate", "--model", "tiny:llama", "--prompt", ""], "--prompt is empty"),
     "a device this torch lacks": (["generate", "--model", "tiny:llama", "--prompt", "Hi", "--device", "cuda"],
                                   "--device cuda: this torch sees no CUDA device"),

@@ -17,7 +17,7 @@ WINGS = (
     {"train": ("focus.train",), "eval": ("focus.eval",)},
     {"pipeline": ("focus.pipeline",)},
     {"report": ("focus.report",)},
-    {"command": ("focus.cli",)},
+    {"command": ("focus.cli", "focus.lm_eval")},
 )
 
 

@@ -62,8 +62,12 @@ _MIRRORED = {
         {},
     ),
 }
+MIRRORED_TASKS = tuple(_MIRRORED)
+"""The tasks that run offline, from the data mirror."""
 HUB_ONLY = ("hellaswag",)
 TASKS = (*_MIRRORED, *HUB_ONLY)
+"""The tasks the pipeline's profiles choose from (their tables know each one's headline metric); the library and
+`focus eval --tasks` take any task lm-eval knows, the others from the hub."""
 CHAT_TASKS = ("truthfulqa_mc1", "truthfulqa_mc2")
 # The headline metric of each task (lm-eval's names; acc_norm where the task defines it).
 HEADLINE = {
@@ -148,24 +152,28 @@ def run_tasks(
 ) -> tuple[dict[str, dict], dict[str, list[dict]]]:
     """Evaluate `model` on `tasks` (stock names) through lm-eval; returns ({task: metrics}, {task: samples}).
 
-    Mirrored tasks run from the YAMLs in `task_folder` (`write_mirror_tasks`); hub-only tasks run from the hub,
-    or come back as {"skipped": reason} when the hub is offline. Metrics are plain floats keyed by lm-eval's
-    names without the filter suffix ("acc", "acc_stderr", ...). Samples are lm-eval's per-document logs.
+    Mirrored tasks run from the YAMLs in `task_folder` (`write_mirror_tasks`); any other task lm-eval knows runs
+    from the hub, or comes back as {"skipped": reason} when the hub is offline. Metrics are plain floats keyed by
+    lm-eval's names without the filter suffix ("acc", "acc_stderr", ...). Samples are lm-eval's per-document logs.
+
+    Raises:
+        ValueError: a task lm-eval does not know (checked where the hub is reachable).
     """
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
-    unknown = sorted(set(tasks) - set(TASKS))
-    if unknown:
-        raise ValueError(f"unknown lm-eval task(s) {unknown}; known: {', '.join(TASKS)}")
     metrics: dict[str, dict] = {}
     local = {task: task + MIRROR_SUFFIX for task in tasks if task in _MIRRORED}
-    hub = [task for task in tasks if task in HUB_ONLY]
+    hub = [task for task in tasks if task not in _MIRRORED]
     reason = hub_unavailable() if hub else None
     if reason is not None:
         metrics.update({task: {"skipped": reason} for task in hub})
         hub = []
     manager = TaskManager(include_path=str(task_folder), include_defaults=bool(hub))
+    unknown = sorted(set(hub) - set(manager.all_tasks))
+    if unknown:
+        raise ValueError(f"unknown lm-eval task(s) {', '.join(unknown)}: not among the tasks lm-eval knows "
+                         "(lm_eval ls tasks lists them)")
     lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=str(model.device))
     results = evaluate(lm, [*local.values(), *hub], manager, limit, seed, chat_template)
     samples = {}

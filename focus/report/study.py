@@ -218,8 +218,8 @@ def plot_tradeoff(points: pd.DataFrame, figure: str | Path, domain: str, other: 
     ax.legend(fontsize="small", loc="upper left")
     key.set_axis_off()
     key.text(0, 1, "\n".join(lines), va="top", fontsize=7, family="monospace", wrap=True)
-    if note:
-        fig.text(0.01, 0.01, note, fontsize=7, wrap=True)
+    if note:  # under the key, clear of the axes' label
+        key.text(0, 0, note, va="bottom", fontsize=7, wrap=True)
     save_figure(fig, figure)
 
 
