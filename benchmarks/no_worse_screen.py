@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/no_worse_screen.py --tokens DIR --prepare            # tokenise the corpora (CPU)
     .venv/bin/python benchmarks/no_worse_screen.py --tokens DIR --out DIR            # every design, then test, lengths
     .venv/bin/python benchmarks/no_worse_screen.py --tokens DIR --out DIR --designs base mix50_kl1 --steps 20
+    .venv/bin/python benchmarks/no_worse_screen.py --from-scores benchmarks/results/no_worse_validation.json
 
 Every design trains SmolLM2-135M-Instruct's centroids as `focus train` does (straight-through, retrieval rows a quarter
 weighed 5, k-means on 8 rows, 300 steps of 2 x 512 tokens = 307,200 tokens) on the novels cut BY BOOK
@@ -71,8 +72,9 @@ DESIGNS = {  # in the order they run: a deadline cuts the last ones
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tokens", required=True, help="folder of <corpus>.tokens.safetensors (prepare_tokens files)")
+    parser.add_argument("--tokens", help="folder of <corpus>.tokens.safetensors (prepare_tokens files)")
     parser.add_argument("--prepare", action="store_true", help="write the token files into --tokens, then stop")
+    parser.add_argument("--from-scores", help="a scores file (JSON, see `table_from_scores`): write its table, stop")
     parser.add_argument("--out", help="folder of the tables and the log")
     parser.add_argument("--runs", help="folder of the designs' training runs and adapters (default <out>/runs)")
     parser.add_argument("--designs", nargs="+", default=list(DESIGNS), choices=list(DESIGNS))
@@ -95,6 +97,9 @@ def main() -> None:
     parser.add_argument("--deadline", type=float, default=math.inf, help="seconds from the start")
     parser.add_argument("--reserve", type=float, default=150.0, help="seconds kept for the test and length phases")
     args = parser.parse_args()
+    if args.from_scores:
+        table_from_scores(Path(args.from_scores))
+        return
     if args.prepare:
         for corpus, splits in SPLITS.items():
             prepare_tokens(PACKAGED_SMOLLM2, corpus, splits, Path(args.tokens) / f"{corpus}.tokens.safetensors")
@@ -252,6 +257,38 @@ def _lengths(model, adapter: Path, name: str, args, out: Path, log) -> None:
         write_text(out / "no_worse_lengths.csv", frame.to_csv(index=False))
         write_text(out / "no_worse_lengths.md", f"Hard Focus ({name}) against pretrained per context length, test "
                    f"splits, {args.length_tokens} tokens each, {args.dtype}.\n\n{markdown_table(frame, '.4g')}\n")
+
+
+def table_from_scores(path: Path) -> pd.DataFrame:
+    """The table of a scores file, written beside it (<stem>.csv, <stem>.md), each design against its own reference.
+
+    The file: {"setting": text, "references": {name: {corpus: perplexity record}}, "designs": [{"design": name,
+    "reference": a reference's name, "scores": {corpus: perplexity record}, "kept": share or null, "needle": text
+    or null, "trained_on": text}]}, a perplexity record being `focus.eval.perplexity.perplexity`'s (ppl, window_nll).
+    """
+    import json
+
+    record = json.loads(path.read_text())
+    rows = []
+    for name, scores in record["references"].items():
+        rows.append({"design": name, **{f"{c}_ppl": scores[c]["ppl"] for c in CORPORA}})
+    for design in record["designs"]:
+        base, found = record["references"][design["reference"]], design["scores"]
+        row = {"design": design["design"], "trained_on": design.get("trained_on", "")}
+        for corpus in CORPORA:
+            ratio, low, high = paired_ratio(found[corpus]["window_nll"], base[corpus]["window_nll"])
+            row[f"{corpus}_ppl"] = found[corpus]["ppl"]
+            row[f"{corpus}_change"], row[f"{corpus}_low"], row[f"{corpus}_high"] = ratio, low, high
+            row[corpus] = f"{ratio:+.2%} [{low:+.2%}, {high:+.2%}]"
+        row["shortfall"] = _shortfall(row)
+        row["distant_kept"], row["needle"] = design.get("kept"), design.get("needle")
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    write_text(path.with_suffix(".csv"), frame.to_csv(index=False))
+    shown = frame[[c for c in frame.columns if not c.endswith(("_change", "_low", "_high"))]]
+    write_text(path.with_suffix(".md"), f"{record['setting']}\n\n{markdown_table(shown, '.4g')}\n")
+    print(path.with_suffix(".md").read_text())
+    return frame
 
 
 def _write(rows: list[dict], stem: Path, args, split: str) -> None:
