@@ -116,13 +116,17 @@ def resolve_adapter(source: str | Path, revision: str | None = None, token: str 
         return path
     if not HUB_ID.match(str(source)):
         raise FileNotFoundError(f"no Focus adapter at {source}: no such folder (and not a hub repo id, user/name)")
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+    from huggingface_hub import constants, snapshot_download, try_to_load_from_cache
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
 
+    if constants.HF_HUB_OFFLINE:  # the cached copy, looked up alike by every huggingface_hub (1.x asks the network
+        cached = try_to_load_from_cache(str(source), CONFIG_NAME, revision=revision)  # for a commit's file list)
+        if isinstance(cached, str):
+            return Path(cached).parent
     try:
         folder = snapshot_download(str(source), revision=revision, token=token,
                                    allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, CARD_NAME])
-    except (LocalEntryNotFoundError, HfHubHTTPError) as err:
+    except (LocalEntryNotFoundError, HfHubHTTPError, OfflineModeIsEnabled) as err:
         at = f" at revision {revision!r}" if revision else ""
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise FileNotFoundError(f"no Focus adapter {source}{at}: no such folder, nor on the hub or in its local cache "
