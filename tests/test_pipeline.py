@@ -94,21 +94,3 @@ def test_bad_config_is_one_line_before_any_job(tmp_path):
     assert len(errors) == 1 and errors[0].startswith("config error: models.smollm2 variant focus: ")
     assert "unknown FocusConfig key 'windw'" in errors[0] and "Traceback" not in result.stderr
     assert not (tmp_path / "results").exists()
-
-
-def test_the_rules_conda_environment_is_the_one_environment_yml_creates_and_its_pip_lines_resolve():
-    """`--use-conda` activates the environment `conda env create -f environment.yml` made, by its name: a file named
-    in `conda:` would be copied under .snakemake/conda, where its pip lines' relative paths point at nothing. So the
-    rules name it, and every path in its pip lines resolves from environment.yml's own folder (where conda runs pip)."""
-    environment = yaml.safe_load((ROOT / "environment.yml").read_text())
-    named = set()
-    for rules in (ROOT / "workflow" / "rules").glob("*.smk"):
-        named |= set(re.findall(r"^\s*conda:\s*\n\s*(\S+)", rules.read_text(), flags=re.M))
-    common = (ROOT / "workflow" / "rules" / "common.smk").read_text()
-    assert named == {"ENVIRONMENT"} and f'ENVIRONMENT = "{environment["name"]}"' in common
-    pip = next(item["pip"] for item in environment["dependencies"] if isinstance(item, dict))
-    paths = [line.split(maxsplit=1)[1] for line in pip if line.startswith(("-c ", "-r ", "-e "))]
-    assert paths  # the constraints and the project itself
-    for path in paths:
-        local = (ROOT / path.split("[")[0]).resolve()
-        assert local.exists(), f"environment.yml's pip line {path!r} resolves to nothing from {ROOT}"

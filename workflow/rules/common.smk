@@ -29,11 +29,8 @@ if workflow.is_main_process and not workflow.output_settings.dryrun and not _ONL
     wait_for_earlier_jobs(os.getcwd(), report=lambda line: print(line, file=sys.stderr))
 
 R = P["results"]
-# The software of every rule: with --use-conda, the conda environment environment.yml creates, by its name (made once
-# beforehand, `conda env create -f environment.yml`, whose pip lines are paths from the repository). Snakemake would
-# copy a file named here under .snakemake/conda, where those paths resolve to nothing. Without --use-conda, the
-# environment Snakemake runs in (scripts/install.sh's venv).
-ENVIRONMENT = "focus"
+# Names the software of every rule (scripts/install.sh builds the same environment as a venv); --use-conda untested.
+ENVIRONMENT = "../../environment.yml"
 MODELS = list(P["models"])
 DOMAINS = list(P["data"]["domains"])
 VARIANTS = list(P["variants"])
