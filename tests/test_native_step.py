@@ -5,6 +5,7 @@ import torch
 from test_attention import make_inputs, make_layer, reference_attention, reference_with_dense_heads
 from test_decoding import CASES, counting_calls, decode
 
+import focus.attention.decoding
 import focus.attention.function
 from focus import FocusConfig, apply_focus
 from focus.attention.decoding import FocusCache, GroupIndex
@@ -277,9 +278,13 @@ def test_focus_cache_takes_the_native_kernels_by_default_and_falls_back_with_one
         raise RuntimeError("Focus's native CPU kernels could not be built (no compiler here); they need a C++ compiler")
 
     monkeypatch.setattr(native_step_module, "native_step", broken)
+    monkeypatch.setattr(focus.attention.decoding, "_BUILD_FAILED", [])
     with pytest.warns(RuntimeWarning, match="could not be built .* runs the eager PyTorch path") as caught:
         cache = FocusCache(model)
     assert len(caught) == 1 and not cache.native
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # known by now: no second build, no second warning
+        assert not FocusCache(model).native
     ids = torch.randint(0, 100, (1, 12))
     with torch.no_grad():  # and it decodes: the eager path
         model.generate(ids, max_new_tokens=4, do_sample=False, past_key_values=cache)

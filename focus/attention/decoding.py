@@ -238,9 +238,14 @@ def _reserve(buffer: torch.Tensor, dim: int, needed: int, fill: int = -1) -> tor
     return grown
 
 
+_BUILD_FAILED: list[str] = []
+"""Why the native kernels could not be built in this process, once it is known: neither rebuilt nor warned again."""
+
+
 def _native_kernels(model: nn.Module, wanted: bool | None) -> bool:
     """Whether a FocusCache of `model` runs the native kernels: `wanted` True or False decides (True on another device
-    than the CPU, or without a build, is an error); None takes them where the model is on the CPU and they build."""
+    than the CPU, or without a build, is an error); None takes them where the model is on the CPU and they build,
+    else warns once per process and takes the eager path."""
     if wanted is False:
         return False
     device = next(model.parameters()).device
@@ -250,12 +255,15 @@ def _native_kernels(model: nn.Module, wanted: bool | None) -> bool:
         return False
     from focus.attention.native_step import native_step
 
+    if _BUILD_FAILED and not wanted:
+        return False
     try:
         native_step()  # built once per machine (about a minute), then loaded from torch's extension cache
     except RuntimeError as error:
         if wanted:
             raise
-        warnings.warn(f"{str(error).splitlines()[0]}; FocusCache runs the eager PyTorch path (slower)", RuntimeWarning,
+        _BUILD_FAILED.append(str(error).splitlines()[0])
+        warnings.warn(f"{_BUILD_FAILED[0]}; FocusCache runs the eager PyTorch path (slower)", RuntimeWarning,
                       stacklevel=3)
         return False
     return True
