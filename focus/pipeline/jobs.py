@@ -55,7 +55,7 @@ class TrainingJob:
     `calibration_rows` initialise the Focus centroids by k-means and no method trains on them, so that every method
     trains on identical batches; then at most `train_rows` rows (None: all) are trained on. The first `eval_rows`
     rows of the validation split are scored during training. A `retrieval_share` of the trained rows (default a
-    quarter; 0: none) are synthetic retrieval rows (`with_retrieval_rows`), their answers weighed `retrieval_weight`
+    quarter; 0: none) are synthetic retrieval rows (`training_rows`), their answers weighed `retrieval_weight`
     in the loss: without them the hard model forgets how to retrieve (docs/study.md part 5). A `broad_share` of them
     are rows of a broad corpus (the train split of `broad_tokens`, another `prepare_tokens` file), spread evenly over
     it: text the model must not forget, which learns from the dense teacher where the objective has one
@@ -157,13 +157,6 @@ class TrainingJob:
             term_weights = {"distill": torch.zeros(ids.shape)}
             term_weights["distill"][start : start + broad.shape[0]] = 1.0
         return ids, None if bool((token_weights == 1).all()) else token_weights, term_weights
-
-    def with_retrieval_rows(
-        self, rows: torch.Tensor, tokenizer, window: int | None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(`rows` and the rows after them, their token weights or None): `training_rows` without a teacher."""
-        ids, token_weights, _ = self.training_rows(rows, tokenizer, window)
-        return ids, token_weights
 
     def _broad_rows(self, count: int) -> torch.Tensor:
         """`count` rows of `seq_len` tokens of the broad corpus's train split, spread evenly over it (every book)."""

@@ -153,7 +153,7 @@ def train_full_finetune(
     with torchrun_process_group() as world:
         model, tokenizer = _load_for_training(source, dtype, world)
         _, rows, eval_data = job.rows()
-        rows, weights = job.with_retrieval_rows(rows, tokenizer, retrieval_window)
+        rows, weights, _ = job.training_rows(rows, tokenizer, retrieval_window)
         for parameter in model.parameters():
             parameter.requires_grad_(True)
         if world > 1:
@@ -197,7 +197,7 @@ def train_lora(
     """
     model, tokenizer = load_model(source, _DTYPES[dtype], default_device())
     _, rows, eval_data = job.rows()
-    rows, weights = job.with_retrieval_rows(rows, tokenizer, retrieval_window)
+    rows, weights, _ = job.training_rows(rows, tokenizer, retrieval_window)
     model = apply_lora(model, rank, alpha, target_modules, dropout, seed=job.config().seed)
     record = job.run(model, rows, eval_data, token_weights=weights)
     write_folder_atomically(Path(adapter_dir), lambda folder: model.save_pretrained(folder))

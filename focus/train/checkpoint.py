@@ -49,17 +49,22 @@ class LogWindow:
     term_sums: dict[str, float] = field(default_factory=dict)  # per objective term (`focus.train.objective`)
     steps: int = 0
     # The steps each loss applied to (a batch of rows that learn from a teacher alone has no next-token loss), as
-    # shares of the processes where it did; None: every step (checkpoints written before these counts).
-    loss_steps: float | None = None
-    term_steps: dict[str, float] | None = None
+    # shares of the processes where it did.
+    loss_steps: float = 0.0
+    term_steps: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> "LogWindow":
+        """The window a checkpoint saved; one written before the per-loss counts applied every loss to every step."""
+        steps = state["steps"]
+        return cls(**{"loss_steps": steps, "term_steps": {name: steps for name in state["term_sums"]}, **state})
 
     def add(self, loss: float, terms: dict[str, float], applied: dict[str, float] | None = None) -> None:
         """Add a step's losses; `applied` ({"loss" or a term: share of the step it applied to}, default 1) says
         which were measured: a loss that applied to none of the step is not averaged in."""
         applied = applied or {}
-        self.loss_steps = (self.steps if self.loss_steps is None else self.loss_steps) + applied.get("loss", 1.0)
-        self.term_steps = {name: self.steps for name in self.term_sums} if self.term_steps is None else self.term_steps
         self.loss_sum += loss
+        self.loss_steps += applied.get("loss", 1.0)
         for name, value in terms.items():
             self.term_sums[name] = self.term_sums.get(name, 0.0) + value
             self.term_steps[name] = self.term_steps.get(name, 0.0) + applied.get(name, 1.0)
@@ -67,13 +72,9 @@ class LogWindow:
 
     def means(self) -> dict[str, float]:
         """{"loss": mean next-token loss, name: mean of each term} over the steps each applied to (none: left out)."""
-        loss_steps = self.steps if self.loss_steps is None else self.loss_steps
-        term_steps = self.term_steps or {}
-        found = {"loss": self.loss_sum / loss_steps} if loss_steps else {}
-        for name, total in self.term_sums.items():
-            steps = term_steps.get(name, self.steps)
-            if steps:
-                found[name] = total / steps
+        found = {"loss": self.loss_sum / self.loss_steps} if self.loss_steps else {}
+        found.update({name: total / self.term_steps[name] for name, total in self.term_sums.items()
+                      if self.term_steps.get(name)})
         return found
 
 
@@ -206,7 +207,7 @@ def restore_checkpoint(
     load_gathered_optimizer_state(optimizer, state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     _set_rng_state(state["rng"], rank_and_world()[1])
-    return state["step"], LogWindow(**state["window"])
+    return state["step"], LogWindow.from_state(state["window"])
 
 
 def _check_tensors(path: Path, kind: str, saved: dict[str, torch.Tensor], ours: list[tuple[str, torch.Tensor]]) -> None:
