@@ -212,6 +212,12 @@ def load_gguf(gguf: Path) -> tuple[PreTrainedModel, object]:
     """Read a GGUF file with transformers' loader (dequantized to float32). Slow: 15-20 s for SmolLM2."""
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # The special tokens as the file states them (the config reads them right): transformers before 5.23 reads
+    # SmolLM2's eos as <|im_start|> and no pad, so generation would stop on the wrong token and pad with it.
+    for name in ("bos", "eos", "pad"):
+        token_id = getattr(model.config, f"{name}_token_id", None)
+        if isinstance(token_id, int):
+            setattr(tokenizer, f"{name}_token", tokenizer.convert_ids_to_tokens(token_id))
     return model.eval(), tokenizer
 
 

@@ -268,7 +268,9 @@ def test_packaged_smollm2_architecture(smollm2):
     assert (config.hidden_size, config.head_dim) == (576, 64)
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight  # still tied
     assert not model.training and model.config._attn_implementation == "sdpa"
-    assert tokenizer.pad_token == "<|im_end|>" and len(tokenizer) == 49152
+    # The GGUF's special tokens, whichever transformers converted it (before 5.23 its reader got eos wrong).
+    assert (tokenizer.bos_token, tokenizer.eos_token, tokenizer.pad_token) == ("<|im_start|>", "<|im_end|>", "<|im_end|>")
+    assert len(tokenizer) == 49152
     assert tokenizer.chat_template
 
 
