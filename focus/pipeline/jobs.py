@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ from focus.data import chunk_tokens
 from focus.distributed import barrier, is_main_process, rank_and_world
 from focus.files import write_json
 from focus.models import load_model
-from focus.pipeline.tracking import WandbTarget, log_training_run
+from focus.pipeline.tracking import LiveTrainingRun, WandbTarget
 from focus.provenance import provenance
 from focus.train.checkpoint import CHECKPOINT_NAME, CheckpointError
 from focus.train.config import TrainConfig
@@ -77,6 +77,8 @@ class TrainingJob:
     broad_share: float = 0.0
     progress: bool = True
     wandb: WandbTarget | None = None
+    # The W&B run `run` opens and `finish` closes ({"run": LiveTrainingRun} on the main process while it trains).
+    _tracking: dict[str, LiveTrainingRun] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
     def from_rule(cls, snakemake: Any, labels: dict[str, str] | None = None, **changes: Any) -> "TrainingJob":
@@ -183,10 +185,16 @@ class TrainingJob:
         config = config or self.config()
         objective = focus_objective(model)  # the next-token loss for LoRA and scratch models
         resumed = (self.run_dir / CHECKPOINT_NAME).exists()
+        if self.wandb is not None and is_main_process():
+            self._tracking["run"] = LiveTrainingRun(
+                self.wandb, self.run_dir / METRICS_NAME,
+                {"train_config": to_dict(config), "seq_len": self.seq_len, "train_rows": rows.shape[0]},
+                inputs=[path for path in (self.tokens, self.broad_tokens) if path is not None])
+        on_log = self._tracking.get("run")
         tic = time.perf_counter()
         try:
             final = train_parameters(model, rows, config, self.run_dir, eval_data=eval_data, objective=objective,
-                                     progress=self.progress, token_weights=token_weights,
+                                     progress=self.progress, on_log=on_log, token_weights=token_weights,
                                      term_weights=term_weights)
         except CheckpointError as err:
             _log.warning("discarding the checkpoint in %s (%s); training from step 0", self.run_dir, err)
@@ -196,7 +204,7 @@ class TrainingJob:
             barrier()
             resumed = False
             final = train_parameters(model, rows, config, self.run_dir, eval_data=eval_data, objective=objective,
-                                     progress=self.progress, token_weights=token_weights,
+                                     progress=self.progress, on_log=on_log, token_weights=token_weights,
                                      term_weights=term_weights)
         seconds = time.perf_counter() - tic
         if is_main_process():
@@ -216,14 +224,15 @@ class TrainingJob:
             "processes": rank_and_world()[1],
         }
 
-    def finish(self, source: str, record: dict) -> dict:
-        """Write the training summary, remove the run folder (its checkpoint has served its purpose), and mirror the
-        metrics and summary to W&B."""
+    def finish(self, source: str, record: dict, weights: str | Path | None = None,
+               kind: str = "focus-adapter") -> dict:
+        """Write the training summary, remove the run folder (its checkpoint has served its purpose), and finish the
+        job's W&B run with the summary and `weights` (the folder it trained: an adapter, or a model of `kind`)."""
         record.update(source=source, provenance=provenance())
         if is_main_process():
             write_json(self.summary, record)
             shutil.rmtree(self.run_dir, ignore_errors=True)
-            if self.wandb is not None:
-                log_training_run(self.wandb, record, self.metrics)
+            if "run" in self._tracking:
+                self._tracking.pop("run").finish(record, self.metrics, weights, kind)
         barrier()
         return record

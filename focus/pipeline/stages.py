@@ -118,7 +118,7 @@ def train_focus(
                       frozen_checksum={"before": frozen_before, "after": frozen_checksum(model)})
         if is_main_process():
             write_model_card(adapter_dir, training={**record, "train": record["train_config"]})
-        return job.finish(source, record)
+        return job.finish(source, record, weights=adapter_dir)
 
 
 def reference_evaluation(model: torch.nn.Module, eval_data: torch.Tensor, config: FocusConfig) -> dict[str, float]:
@@ -175,7 +175,7 @@ def train_full_finetune(
             write_folder_atomically(Path(model_dir), write)
         barrier()
         record["trainable_parameters"] = sum(p.numel() for p in model.parameters())
-        return job.finish(source, record)
+        return job.finish(source, record, weights=model_dir, kind="model")
 
 
 def train_lora(
@@ -205,7 +205,7 @@ def train_lora(
         lora_config={"r": rank, "lora_alpha": alpha, "target_modules": list(target_modules), "lora_dropout": dropout},
         trainable_parameters=sum(p.numel() for p in model.parameters() if p.requires_grad),
     )
-    return job.finish(source, record)
+    return job.finish(source, record, weights=adapter_dir, kind="lora-adapter")
 
 
 def evaluate_perplexity(

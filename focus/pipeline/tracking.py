@@ -8,6 +8,7 @@ The tests read such a run file back (`tests/helpers/wandb_file.py`).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,33 +53,147 @@ class WandbTarget:
     labels: dict[str, str]
 
 
-def log_training_run(target: WandbTarget, summary: dict, metrics: str | Path) -> dict:
-    """One W&B run per training job: the metrics history, the summary as config, the final values as summary.
+class LiveTrainingRun:
+    """One training job's W&B run, open while it trains: each `metrics.jsonl` record is logged as it is written (a
+    live curve on a cluster), and `finish` adds the summary and the trained weights as an Artifact.
 
-    Logged after training from `metrics.jsonl`, so a job resumed after a kill still gives one complete history.
+    A job resumed after a kill opens a new run whose first record first replays the lines its killed predecessor
+    logged (the checkpoint's metrics, `metrics.jsonl` truncated to it), so each finished run holds one complete
+    history; the killed run stays behind as W&B shows any crashed run.
     """
-    run = open_run(_results_of(target.record), "/".join(target.labels.values()), group=target.group,
-                   job_type="train", config={**summary, **target.labels}, project=target.settings["project"],
-                   entity=target.settings.get("entity"))
-    log_metrics_file(run, metrics)
-    run.summary.update({f"final/{key}": value for key, value in summary["final"].items()})
-    return _finish(run, target.record, {"labels": target.labels})
+
+    def __init__(self, target: WandbTarget, metrics: str | Path, config: dict[str, Any], inputs: list[str | Path] = ()):
+        self.target, self.metrics = target, Path(metrics)
+        self.inputs = [str(Path(path).absolute()) for path in inputs]
+        self.run = open_run(_results_of(target.record), "/".join(target.labels.values()), group=target.group,
+                            job_type="train", config={**config, "inputs": self.inputs, **target.labels},
+                            project=target.settings["project"], entity=target.settings.get("entity"))
+        if self.run.settings.mode == "online":  # W&B refuses use_artifact offline: there the config names the inputs
+            _use_files(self.run, self.inputs)
+        self.logged_step: int | None = None  # the last step logged; None before the first
+
+    def __call__(self, record: dict[str, Any]) -> None:
+        """The training loop's `on_log`: called with each record right after `metrics` received it."""
+        if self.logged_step is None:
+            self._replay(before=record["step"])
+        self._log(record)
+
+    def finish(self, summary: dict, metrics: str | Path, weights: str | Path | None = None,
+               kind: str = "focus-adapter") -> dict:
+        """Log what `metrics` (the job's copy of the file it trained with) holds beyond the live records (all of it
+        when none came: a job resumed at its end), the summary, and `weights` (a folder) as an Artifact of `kind`
+        named after the profile and the job (`<group>-<model>-<variant>`); finish the run and write its JSON record."""
+        self.metrics = Path(metrics)
+        self._replay(before=None)
+        self.run.config.update(summary, allow_val_change=True)
+        self.run.summary.update({f"final/{key}": value for key, value in summary["final"].items()})
+        fields: dict[str, Any] = {"labels": self.target.labels}
+        if weights is not None:
+            metadata = {**_artifact_metadata(summary), "inputs": self.inputs}
+            name = artifact_name("-".join([self.target.group, *self.target.labels.values()]))
+            fields["artifact"] = log_folder_artifact(self.run, name, kind, weights, metadata=metadata)
+        return _finish(self.run, self.target.record, fields)
+
+    def _replay(self, before: int | None) -> None:
+        for line in self.metrics.read_text().splitlines() if self.metrics.exists() else []:
+            record = json.loads(line)
+            after_logged = self.logged_step is None or record["step"] > self.logged_step
+            if after_logged and (before is None or record["step"] < before):
+                self._log(record)
+
+    def _log(self, record: dict[str, Any]) -> None:
+        record = dict(record)
+        self.logged_step = record.pop("step")
+        self.run.log(record, step=self.logged_step, commit=True)  # shown now, not when the next step comes
+
+
+def log_folder_artifact(run, name: str, kind: str, folder: str | Path, metadata: dict | None = None,
+                        upload_below: int = 64 * 2**20) -> dict:
+    """Log `folder` as a W&B Artifact: its files when they total under `upload_below` bytes (an adapter), a
+    reference to the folder otherwise (a fully fine-tuned model: W&B records its checksums, copies nothing).
+    Returns {"name", "type", "digest"} of the logged artifact."""
+    import wandb
+
+    folder = Path(folder).absolute()
+    artifact = wandb.Artifact(name, type=kind, metadata=metadata or {})
+    if sum(path.stat().st_size for path in folder.rglob("*") if path.is_file()) < upload_below:
+        artifact.add_dir(str(folder))
+    else:
+        artifact.add_reference(folder.as_uri())
+    run.log_artifact(artifact)
+    return {"name": name, "type": kind, "digest": artifact.digest}
+
+
+def _use_files(run, paths: list[str]) -> None:
+    """Declare files the run read as its input Artifacts (type "dataset", references: W&B copies nothing)."""
+    import wandb
+
+    for path in paths:
+        artifact = wandb.Artifact(artifact_name(f"data-{Path(path).name}"), type="dataset")
+        artifact.add_reference(Path(path).as_uri())
+        run.use_artifact(artifact)
+
+
+def artifact_name(text: str) -> str:
+    """`text` as a W&B Artifact name (letters, digits, "-", "_" and "." only)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")
+
+
+def _artifact_metadata(summary: dict) -> dict:
+    """What a reader of a trained artifact wants without its run: the source model, what trained, on what."""
+    keys = ("source", "focus_config", "train_config", "train_rows", "seq_len", "broad", "retrieval")
+    return {key: summary[key] for key in keys if summary.get(key) is not None}
 
 
 def log_report_run(
-    record: str | Path, settings: dict[str, Any], group: str, tables: list[str], figures: list[str]
+    record: str | Path,
+    settings: dict[str, Any],
+    group: str,
+    tables: list[str],
+    figures: list[str],
+    pages: list[str] = (),
+    trained: list[str] = (),
 ) -> dict:
-    """Log every table (CSV -> `tables/<name>`) and figure (PNG -> `figures/<name>`) in one run.
+    """Log every table (CSV -> `tables/<name>`), figure (PNG -> `figures/<name>`) and page (HTML -> `pages/<name>`)
+    in one run, and the tables as one Artifact (`tables-<group>`, type "results") downstream of the trained weights.
 
-    `record` (`<results>/wandb/report.json`) receives the run's id, mode, folder, run file and logged keys.
+    `trained` are the training jobs' W&B records (`LiveTrainingRun.finish`): where W&B is online the run uses their
+    artifacts, so W&B draws the lineage data -> weights -> tables; offline (W&B refuses `use_artifact` there) the
+    tables artifact lists them in its metadata. `record` (`<results>/wandb/report.json`) receives the run's id, mode,
+    folder, run file, logged keys (each with its file) and the artifact.
     """
-    run = open_run(_results_of(record), "report", group=group, job_type="report", config={"profile": group},
+    results = _results_of(record)
+    run = open_run(results, "report", group=group, job_type="report", config={"profile": group},
                    project=settings["project"], entity=settings.get("entity"))
-    keyed_tables = _keyed("tables", tables, _results_of(record))
-    keyed_figures = _keyed("figures", figures, _results_of(record))
-    log_tables(run, keyed_tables)
-    log_images(run, keyed_figures)
-    return _finish(run, record, {"tables": sorted(keyed_tables), "figures": sorted(keyed_figures)})
+    keyed = {kind: _keyed(kind, paths, results) for kind, paths in
+             (("tables", tables), ("figures", figures), ("pages", pages))}
+    log_tables(run, keyed["tables"])
+    log_images(run, keyed["figures"])
+    log_pages(run, keyed["pages"])
+    upstream = [json.loads(Path(path).read_text()).get("artifact") for path in trained]
+    upstream = [artifact for artifact in upstream if artifact]
+    if run.settings.mode == "online":
+        for artifact in upstream:
+            run.use_artifact(f"{artifact['name']}:latest", type=artifact["type"])
+    artifact = _log_files_artifact(run, artifact_name(f"tables-{group}"), "results", keyed["tables"],
+                                   metadata={"profile": group, "trained": upstream})
+    fields = {kind: {key: _relative(path, results) for key, path in sorted(paths.items())}
+              for kind, paths in keyed.items()}
+    return _finish(run, record, {**fields, "artifact": artifact})
+
+
+def _log_files_artifact(run, name: str, kind: str, files: dict[str, str | Path], metadata: dict) -> dict:
+    import wandb
+
+    artifact = wandb.Artifact(name, type=kind, metadata=metadata)
+    for key, path in files.items():
+        artifact.add_file(str(path), name=f"{key}{Path(path).suffix}")
+    run.log_artifact(artifact)
+    return {"name": name, "type": kind, "digest": artifact.digest}
+
+
+def _relative(path: str | Path, results: Path) -> str:
+    return Path(path).absolute().relative_to(results).as_posix()
 
 
 def _keyed(prefix: str, paths: list[str], results: Path) -> dict[str, str]:
@@ -91,17 +206,6 @@ def _keyed(prefix: str, paths: list[str], results: Path) -> dict[str, str]:
             stem = Path(path).absolute().relative_to(results).with_suffix("").as_posix()
         keyed[f"{prefix}/{stem}"] = path
     return keyed
-
-
-def log_metrics_file(run, path: str | Path) -> int:
-    """Log every line of a `metrics.jsonl` (records with a "step" key) as history at its step; returns the count."""
-    count = 0
-    for line in Path(path).read_text().splitlines():
-        record = json.loads(line)
-        step = record.pop("step")
-        run.log(record, step=step)
-        count += 1
-    return count
 
 
 def log_tables(run, tables: dict[str, str | Path]) -> None:
@@ -117,6 +221,14 @@ def log_images(run, images: dict[str, str | Path]) -> None:
     import wandb
 
     run.log({key: wandb.Image(str(path)) for key, path in images.items()})
+
+
+def log_pages(run, pages: dict[str, str | Path]) -> None:
+    """Log HTML files as W&B HTML panels: {key: path}."""
+    import wandb
+
+    if pages:
+        run.log({key: wandb.Html(Path(path).read_text(encoding="utf-8")) for key, path in pages.items()})
 
 
 def _results_of(record: str | Path) -> Path:

@@ -29,8 +29,10 @@ if workflow.is_main_process and not workflow.output_settings.dryrun and not _ONL
     wait_for_earlier_jobs(os.getcwd(), report=lambda line: print(line, file=sys.stderr))
 
 R = P["results"]
-# Names the software of every rule (scripts/install.sh builds the same environment as a venv); --use-conda untested.
+# The software of every rule (scripts/install.sh builds the same environment as a venv). Its pip lines find the project
+# through FOCUS_ROOT wherever --use-conda copies the file (see environment.yml).
 ENVIRONMENT = "../../environment.yml"
+os.environ.setdefault("FOCUS_ROOT", str(Path(workflow.basedir).absolute()))
 MODELS = list(P["models"])
 DOMAINS = list(P["data"]["domains"])
 VARIANTS = list(P["variants"])
@@ -93,6 +95,15 @@ def validation_perplexity_files():
         f"{R}/perplexity/{m}/{method}/{d}.validation.json"
         for m in MODELS for method in P["models"][m]["methods"] for d in PPL_VALIDATION
     ]
+
+
+def training_runs():
+    """The W&B record of every training job (`focus.pipeline.tracking.LiveTrainingRun`): Focus, full fine-tune,
+    LoRA cells, from-scratch runs."""
+    runs = [f"{R}/wandb/train/{m}/{v}.json" for m in MODELS for v in trained_variants()]
+    runs += [f"{R}/wandb/train/{m}/{lora}.json" for m in LORA["models"] for lora in LORA["grid"]]
+    return runs + [f"{R}/wandb/scratch/{method}/seed{seed}.json" for method in ("full", "focus")
+                   for seed in SCRATCH.get("seeds", [])]
 
 
 def lora_summaries():
@@ -158,11 +169,14 @@ def interpret_report(name, caption):
                   category="Interpretability", subcategory="{model} {variant}")
 
 
+PAGES = {}  # HTML a rule writes for reading (W&B shows it too)
 INTERPRET = P.get("interpret")  # resolved: models, then focus.eval.config.InterpretConfig fields
 for _model in (INTERPRET or {}).get("models", []):
     for _variant in VARIANTS:
         _folder = interpret_folder(_model, _variant)
-        TABLES[f"interpret_{_model}_{_variant}"] = f"{_folder}/group_layers.csv"
+        for _table in ("group_layers", "group_shares", "group_categories", "group_top_tokens"):
+            TABLES[f"interpret_{_table}_{_model}_{_variant}"] = f"{_folder}/{_table}.csv"
+        PAGES[f"group_examples_{_model}_{_variant}"] = f"{_folder}/group_examples.html"
         for _figure in ("group_categories", "group_categories_overview", "group_balance", "group_alignment"):
             FIGURES[f"{_figure}_{_model}_{_variant}"] = f"{_folder}/{_figure}.png"
 

@@ -78,12 +78,15 @@ rule claims:
 
 
 rule wandb_report:
-    """Every table and figure, logged to one W&B run (offline by default: results/<profile>/wandb)."""
+    """Every table, figure and page, logged to one W&B run (offline by default: results/<profile>/wandb), the tables
+    also as an Artifact downstream of the training jobs' weights."""
     conda:
         ENVIRONMENT
     input:
         tables=list(TABLES.values()),
         figures=list(FIGURES.values()),
+        pages=list(PAGES.values()),
+        trained=training_runs(),
     output:
         f"{R}/wandb/report.json",
     log:

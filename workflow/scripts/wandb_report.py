@@ -1,4 +1,4 @@
-"""Rule wandb_report: every table and figure in one W&B run; writes where the run is and what it holds."""
+"""Rule wandb_report: every table, figure and page in one W&B run; writes where the run is and what it holds."""
 
 from focus.pipeline.start import start_job
 from focus.pipeline.tracking import log_report_run
@@ -10,4 +10,6 @@ log_report_run(
     group=snakemake.params.group,
     tables=snakemake.input.tables,
     figures=snakemake.input.figures,
+    pages=snakemake.input.pages,
+    trained=snakemake.input.trained,
 )
