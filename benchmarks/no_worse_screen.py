@@ -69,9 +69,14 @@ DESIGNS = {  # in the order they run: a deadline cuts the last ones
     "mix50_kl1_w256": {"broad_share": 0.5, "distill": 1.0, "window": 256},
     # The second screen (100 steps), around the first screen's winner: teacher weight, share, window.
     "mix50_kl30": {"broad_share": 0.5, "distill": 30.0},
-    "mix75_kl10": {"broad_share": 0.75, "distill": 10.0},
+    "mix70_kl10": {"broad_share": 0.7, "distill": 10.0, "retrieval_share": 0.05},  # 0.75 + 0.25 retrieval: no room
     "mix50_kl10_w256": {"broad_share": 0.5, "distill": 10.0, "window": 256},
+    # Rows as long as the contexts the centroids will route (half the steps of one 2,048-token row: the same tokens).
+    "mix50_kl10_len2k": {"broad_share": 0.5, "distill": 10.0, "seq_len": 2048, "batch_size": 1},
+    # The window axis: a 256-token window leaves a 512-token row no room for retrieval rows; a 2K row has it.
+    "mix50_kl10_len2k_w256": {"broad_share": 0.5, "distill": 10.0, "seq_len": 2048, "batch_size": 1, "window": 256},
 }
+ROW_FIELDS = ("seq_len", "batch_size")  # how a design's rows are cut, not how Focus or its job is set
 
 
 def main() -> None:
@@ -93,6 +98,8 @@ def main() -> None:
     parser.add_argument("--needle-trials", type=int, default=2, help="per depth (5 depths)")
     parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
     parser.add_argument("--length-tokens", type=int, default=32768)
+    parser.add_argument("--length-split", default="test", choices=["validation", "test"])
+    parser.add_argument("--length-designs", nargs="+", help="designs the lengths phase scores (default: the winner)")
     parser.add_argument("--adapter", action="append", default=[],
                         help="NAME=FOLDER of a design trained earlier (test and lengths phases without a screen)")
     parser.add_argument("--winner", help="the design the test and lengths phases report (default: the rule's)")
@@ -162,8 +169,9 @@ def main() -> None:
                 remove_focus(model)
                 log(f"{name} test {test_rows[-1]}")
                 _write(test_rows, out / "no_worse_test", args, "test")
-        if "lengths" in args.phases and winner:
-            _lengths(model, adapters[winner], winner, args, out, log)
+        if "lengths" in args.phases and (winner or args.length_designs):
+            names = args.length_designs or [winner]
+            _lengths(model, {name: adapters[name] for name in names}, args, out, log)
     log("done")
 
 
@@ -171,12 +179,15 @@ def _train(name: str, args, runs: Path) -> tuple[dict, Path]:
     """Train design `name` as `focus train` does, in <runs>/<name>; returns (its summary, its adapter folder)."""
     design = DESIGNS[name]
     focus = to_dict(FocusConfig(window=args.window).replace(**{k: v for k, v in design.items()
-                                                                 if k not in JOB_FIELDS}))
+                                                                 if k not in JOB_FIELDS + ROW_FIELDS}))
     folder = runs / name
-    train = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=1e-2, warmup_steps=min(10, args.steps),
+    seq_len, batch_size = design.get("seq_len", 512), design.get("batch_size", args.batch_size)
+    steps = args.steps * args.batch_size * 512 // (batch_size * seq_len)  # every design trains on the same tokens
+    train = TrainConfig(steps=steps, batch_size=batch_size, lr=1e-2, warmup_steps=min(10, steps),
                         log_every=10, eval_every=50, checkpoint_every=0, eval_batch_size=4)
-    job = TrainingJob(Path(args.tokens) / "books_by_book.tokens.safetensors", 512, train, folder / "metrics.jsonl",
-                      folder / "summary.json", calibration_rows=8, train_rows=args.train_rows, eval_rows=8,
+    train_rows = args.train_rows and args.train_rows * 512 // seq_len
+    job = TrainingJob(Path(args.tokens) / "books_by_book.tokens.safetensors", seq_len, train, folder / "metrics.jsonl",
+                      folder / "summary.json", calibration_rows=8, train_rows=train_rows, eval_rows=8,
                       broad_tokens=Path(args.tokens) / "nonfiction.tokens.safetensors", progress=False,
                       **{k: v for k, v in design.items() if k in JOB_FIELDS})
     summary = train_focus(PACKAGED_SMOLLM2, args.dtype, focus, job, folder / "adapter")
@@ -233,9 +244,11 @@ def _shortfall(row: dict) -> float:
     return sum(max(0.0, row[f"{corpus}_change"] - target) for corpus, target in TARGETS.items())
 
 
-def _lengths(model, adapter: Path, name: str, args, out: Path, log) -> None:
-    """Perplexity of pretrained and `name` at each context length, on the test novel and WikiText-2 test."""
-    tokens = {corpus: ids[: args.length_tokens] for corpus, ids in _split_tokens(args.tokens, "test").items()
+def _lengths(model, adapters: dict[str, Path], args, out: Path, log) -> None:
+    """Perplexity of pretrained and each design at each context length, on the `--length-split` novel and
+    WikiText-2 (the test splits for the chosen design; validation to compare designs)."""
+    split = args.length_split
+    tokens = {corpus: ids[: args.length_tokens] for corpus, ids in _split_tokens(args.tokens, split).items()
               if corpus != "nonfiction"}
     rows = []
     for length in args.lengths:
@@ -243,24 +256,27 @@ def _lengths(model, adapter: Path, name: str, args, out: Path, log) -> None:
         with torch.no_grad():
             base = {c: perplexity(model, ids, length, length, batch_size=batch, progress=False)
                     for c, ids in tokens.items()}
+        for name, adapter in adapters.items():
             load_focus(model, adapter)
             set_focus_mode(model, "hard")
             tic = time.perf_counter()
-            found = {c: perplexity(model, ids, length, length, batch_size=batch, progress=False)
-                     for c, ids in tokens.items()}
+            with torch.no_grad():
+                found = {c: perplexity(model, ids, length, length, batch_size=batch, progress=False)
+                         for c, ids in tokens.items()}
             remove_focus(model)
-        row = {"design": name, "context": length, "seconds": round(time.perf_counter() - tic, 1)}
-        for corpus in tokens:
-            ratio, low, high = paired_ratio(found[corpus]["window_nll"], base[corpus]["window_nll"])
-            row.update({f"{corpus}_pretrained": base[corpus]["ppl"], f"{corpus}_focus": found[corpus]["ppl"],
-                        f"{corpus}_change": ratio, f"{corpus}_low": low, f"{corpus}_high": high,
-                        f"{corpus}_windows": len(found[corpus]["window_nll"])})
-        rows.append(row)
-        log(f"length {length}: {row}")
+            row = {"design": name, "context": length, "seconds": round(time.perf_counter() - tic, 1)}
+            for corpus in tokens:
+                ratio, low, high = paired_ratio(found[corpus]["window_nll"], base[corpus]["window_nll"])
+                row.update({f"{corpus}_pretrained": base[corpus]["ppl"], f"{corpus}_focus": found[corpus]["ppl"],
+                            f"{corpus}_change": ratio, f"{corpus}_low": low, f"{corpus}_high": high,
+                            f"{corpus}_windows": len(found[corpus]["window_nll"])})
+            rows.append(row)
+            log(f"length {length}: {row}")
         frame = pd.DataFrame(rows)
-        write_text(out / "no_worse_lengths.csv", frame.to_csv(index=False))
-        write_text(out / "no_worse_lengths.md", f"Hard Focus ({name}) against pretrained per context length, test "
-                   f"splits, {args.length_tokens} tokens each, {args.dtype}.\n\n{markdown_table(frame, '.4g')}\n")
+        stem = out / ("no_worse_lengths" if split == "test" else f"no_worse_lengths_{split}")
+        write_text(stem.with_suffix(".csv"), frame.to_csv(index=False))
+        write_text(stem.with_suffix(".md"), f"Hard Focus ({', '.join(adapters)}) against pretrained per context length, "
+                   f"{split} splits, {args.length_tokens} tokens each, {args.dtype}.\n\n{markdown_table(frame, '.4g')}\n")
 
 
 def table_from_scores(path: Path) -> pd.DataFrame:
