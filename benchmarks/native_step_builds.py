@@ -1,5 +1,5 @@
-"""One build of the native decoding step (`focus/attention/native/csrc/step.cpp`, or an older copy of it) on random keys:
-its attention over the kept keys against SDPA over every key, one layer, 9/3 heads, top-1 and top-2 of 16 groups,
+"""One build of the native decoding step (`focus/attention/native/csrc/step.cpp`, or an older copy of it) on random
+keys: its attention over the kept keys against SDPA over every key, one layer, 9/3 heads, top-1 and top-2 of 16 groups,
 1-8K keys. Compares builds (compiler flags, source versions), not adapters: a trained adapter's groups are uneven.
 
     .venv/bin/python benchmarks/native_step_builds.py                                  # the package's build flags

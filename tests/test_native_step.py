@@ -5,7 +5,6 @@ import torch
 from test_attention import make_inputs, make_layer, reference_attention, reference_with_dense_heads
 from test_decoding import CASES, counting_calls, decode
 
-import focus.attention.decoding
 import focus.attention.function
 from focus import FocusConfig, apply_focus
 from focus.attention.decoding import FocusCache, GroupIndex

@@ -360,7 +360,7 @@ def _local_part(q, key, value, groups_q, groups, window, valid, sinks, scaling, 
             shared = (members_q[:, :, part, :, None] & members_k[:, :, part, None, :]) != 0
         elif groups.shape[-1] == 1:
             shared = g_queries[:, :, part, :, None, 0] == g_keys[:, :, part, None, :, 0]
-        else:  # more than 62 groups: compare every (query group, key group) pair
+        else:  # group ids from GROUP_BITS on: compare every (query group, key group) pair
             shared = (g_queries[:, :, part, :, None, :, None] == g_keys[:, :, part, None, :, None, :]).flatten(-2)
             shared = shared.any(-1)
         allowed = band & ~shared & keyable[:, None, part, None, :]  # (B, K, n, block, span)

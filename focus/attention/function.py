@@ -232,7 +232,8 @@ def _hard_attention(
         if config.route_queries == "kv_head" and query_groups.shape[1] == call.query.shape[1]:
             # The query heads of a key/value head share its groups: one copy (native routing gives one already).
             query_groups = query_groups[:, :: call.query.shape[1] // call.key.shape[1]]
-        # A FocusCache that runs native steps runs the prefill's band and rectangles natively too (`focus.attention.native.native_routed_prefill`).
+        # A FocusCache that runs native steps runs the prefill's band and rectangles natively too
+        # (`focus.attention.native.native_routed_prefill`).
         native = index is not None and index.native and call.query.device.type == "cpu"
         return _decomposed_with_dense_heads(config, call, routed, groups, query_groups, native)
     allowed = hard_allowed(

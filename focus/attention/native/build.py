@@ -43,8 +43,8 @@ def build_settings() -> tuple[str, list[str], list[str]]:
     extension cache may be shared between machines (a home folder on a cluster), so the name carries the CPU's
     feature flags. It also carries the headers' text: torch's extension cache rebuilds when a source changes, not
     when a header does."""
-    # -fno-trapping-math: floating-point exceptions are never read, so loops with selects (the softmax weights) vectorize;
-    # the values are IEEE arithmetic as before (no reassociation).
+    # -fno-trapping-math: floating-point exceptions are never read, so loops with selects (the softmax weights)
+    # vectorize; the values stay IEEE arithmetic (no reassociation).
     # -fopenmp: ATen's parallel_for is an inline OpenMP region, serial in a translation unit built without it.
     flags = ["-O3", "-fopenmp", "-fno-trapping-math", *define_flags()]
     sources = [str(CSRC / f"{name}.cpp") for name in SOURCES]

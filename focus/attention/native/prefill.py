@@ -1,7 +1,8 @@
-"""The query-routed prefill's parts as native calls (`csrc/rectangle.cpp`, `csrc/segments.cpp`, `csrc/merge.cpp`): what a `FocusCache(model, native=True)` prefill runs on the CPU instead of
-the eager parts of `focus.attention.decomposed`, with the same pairs, the same (output, log-sum-exp) and the same
-merge. `native_routed_prefill` is the whole of it, four calls; the other functions are its parts, and what the eager
-decomposition calls where those four do not apply (group ids from 63 on, padding not only on the left).
+"""The query-routed prefill's parts as native calls (`csrc/rectangle.cpp`, `csrc/segments.cpp`, `csrc/merge.cpp`):
+what a `FocusCache(model, native=True)` prefill runs on the CPU instead of the eager parts of
+`focus.attention.decomposed`, with the same pairs, the same (output, log-sum-exp) and the same merge.
+`native_routed_prefill` is the whole of it, four calls; the other functions are its parts, and what the eager
+decomposition calls where those four do not apply (group ids from `GROUP_BITS` on, padding not only on the left).
 
 Each query row reads one contiguous run of keys in place: its segment's keys at least a window before it (the
 rectangles), or its key/value head's keys within the window (the band). The eager parts gather keys into padded
