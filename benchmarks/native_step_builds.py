@@ -1,10 +1,9 @@
-"""One build of the native decoding step (`focus/attention/native_step.cpp`, or an older copy of it) on random keys:
-its attention over the kept keys against SDPA over every key, one layer, 9/3 heads, top-1 and top-2 of 16 groups,
+"""One build of the native decoding step (`focus/attention/native/csrc/step.cpp`, or an older copy of it) on random
+keys: its attention over the kept keys against SDPA over every key, one layer, 9/3 heads, top-1 and top-2 of 16 groups,
 1-8K keys. Compares builds (compiler flags, source versions), not adapters: a trained adapter's groups are uneven.
 
     .venv/bin/python benchmarks/native_step_builds.py                                  # the package's build flags
-    mkdir /tmp/old && for part in bindings step rectangle merge; do git show HEAD~3:focus/attention/native_$part.cpp \
-        > /tmp/old/native_$part.cpp; done && cp focus/attention/native_*.h /tmp/old/
+    mkdir /tmp/old && git archive HEAD~3 focus/attention/native/csrc | tar -x -C /tmp/old --strip-components=4
     .venv/bin/python benchmarks/native_step_builds.py --sources /tmp/old/*.cpp --name old --flags -O3 -fopenmp-simd
 
 (Copies from commits since the fused-kernel branch was dropped: older ones take a last `kept_only` argument.)
@@ -21,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.cpp_extension import load
 
-from focus.attention.native_step import _build
+from focus.attention.native import build_settings, define_flags
 
 
 def best_microseconds(call, calls: int = 300) -> float:
@@ -37,15 +36,15 @@ def best_microseconds(call, calls: int = 300) -> float:
 
 
 def main() -> None:
-    name, flags = _build()
+    name, flags, sources = build_settings()
+    defines = define_flags()  # the values the sources take from Python, whatever the other flags
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sources", nargs="+",
-                        default=[f"focus/attention/native_{part}.cpp" for part in ("bindings", "step", "rectangle", "merge")])
+    parser.add_argument("--sources", nargs="+", default=sources)
     parser.add_argument("--name", default=name, help="extension name (one per build)")
-    parser.add_argument("--flags", nargs="+", default=flags)
+    parser.add_argument("--flags", nargs="+", default=[flag for flag in flags if flag not in defines])
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     args = parser.parse_args()
-    ext = load(name=args.name, sources=args.sources, extra_cflags=args.flags, extra_ldflags=["-fopenmp"],
+    ext = load(name=args.name, sources=args.sources, extra_cflags=args.flags + defines, extra_ldflags=["-fopenmp"],
                verbose=False)
     dtype = getattr(torch, args.dtype)
     torch.manual_seed(0)
@@ -60,11 +59,11 @@ def main() -> None:
                 bits, key_groups = (1 << chosen).sum(-1), chosen.to(torch.int8)
                 position = torch.tensor([[length - 1]])
                 inv_freq = 1 / (10000 ** (torch.arange(0, d, 2).float() / d))
-                unit = F.normalize(torch.randn(k_heads + heads, groups, d), dim=-1)
+                panel = ext.router_panel(F.normalize(torch.randn(k_heads + heads, groups, d), dim=-1))
                 bias = torch.zeros(k_heads + heads, groups)
 
                 def step():  # noqa: B023 (timed at once, inside this iteration)
-                    return ext.masked_step(query, key, value, key_groups, bits, position, inv_freq, unit, bias, None,
+                    return ext.masked_step(query, key, value, key_groups, bits, position, inv_freq, panel, bias, None,
                                            None, 0.1, top_k, window, False, 1, None)
 
                 sdpa = best_microseconds(lambda: F.scaled_dot_product_attention(query, key, value, enable_gqa=True))

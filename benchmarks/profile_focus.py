@@ -25,7 +25,7 @@ from torch.profiler import ProfilerActivity, profile
 from focus import apply_focus, load_focus, remove_focus
 from focus.attention.decoding import FocusCache
 from focus.attention.growing_cache import GrowingCache
-from focus.attention.native_step import native_step
+from focus.attention.native import kernels
 from focus.config import FocusConfig
 from focus.data import load_corpus, tokenize_corpus
 from focus.files import write_text
@@ -69,7 +69,7 @@ def main() -> None:
                             calibration_ids=ids[:, :512])
             try:
                 if args.compile_step:
-                    native_step()  # built (or loaded) before the profile
+                    kernels()  # built (or loaded) before the profile
                 cache = FocusCache(model, native=args.compile_step)
                 focus = _profiled(model, ids, cache)
                 balance = _balance(cache)

@@ -11,7 +11,7 @@ from focus.attention.decomposed import (
     theoretical_ratio,
 )
 from focus.attention.fast_path import current_fast_path, fast_path, use_fast_path
-from focus.attention.native_parts import native_routed_prefill
+from focus.attention.native import native_routed_prefill
 from focus.attention.reference import causal_pairs, dense_attention, hard_allowed
 from focus.attention.routing import sink_keys
 
@@ -76,7 +76,7 @@ def test_matches_the_dense_reference(case, backend, routing, one_thread):
 @pytest.mark.parametrize("routing", ["query", "kv_head"])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_native_rectangles_match_the_dense_reference(case, routing, one_thread):
-    """The band, the rectangles and the merge as native calls (`focus.attention.native_parts`, what a
+    """The band, the rectangles and the merge as native calls (`focus.attention.native`, what a
     FocusCache(native=True) prefill runs)."""
     check_case(case, "torch", routing, native=True)
 
@@ -103,7 +103,7 @@ def test_native_prefill_falls_back_to_its_eager_parts_where_they_do_not_apply(la
 def test_native_segments_are_the_eager_ones(routing):
     """`segment_rows` (one native counting pass) gives the rows of `rectangle_entries(once=True)` in the same order,
     and every query row the same keys to read, skipped ones included (segments no query reads are left out)."""
-    from focus.attention.native_step import native_step
+    from focus.attention.native import kernels
     from focus.attention.rectangle import rectangle_entries
 
     *_, groups, valid = inputs(2, 6, 2, 260, 8, 7, 2, seed=2, pad=17)
@@ -111,7 +111,7 @@ def test_native_segments_are_the_eager_ones(routing):
     query_groups = random_groups(2, heads, 260, 7, 2, torch.Generator().manual_seed(3), empty=(5,))
     sinks = sink_keys(valid, 260, 1) & valid
     window = 11
-    query_rows, first, count, skip, key_rows, bits = native_step().segment_rows(
+    query_rows, first, count, skip, key_rows, bits = kernels().segment_rows(
         query_groups.sort(dim=-1)[0], groups.sort(dim=-1)[0], valid, sinks, window)
     repeat = heads // 2
     entries, keys = rectangle_entries(query_groups.sort(dim=-1)[0],

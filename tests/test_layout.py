@@ -1,10 +1,13 @@
 """The plan of `focus/`: imports run one way through the wings that the module table in docs/library.md lists, with no
-loop, and no module grows past the size the house style names."""
+loop, and no module grows past the size the house style names; the native kernels keep a room of their own."""
 
 import ast
+import fnmatch
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "focus"
 MAX_LINES = 550
@@ -115,6 +118,60 @@ def test_the_checks_see_a_loop_and_an_upward_import(tmp_path, monkeypatch):
             continue
         raise AssertionError(f"{check.__name__} missed what was planted")
 
+
+NATIVE = "focus.attention.native"
+NATIVE_ROOM = PACKAGE / "attention" / "native"
+NATIVE_SOURCE_SUFFIXES = (".c", ".cc", ".cpp", ".cu", ".cuh", ".h", ".hpp")
+ROOM_TESTS = ("tests/test_native_step.py",)
+"""The native room's own tests, which may reach inside it (to break its build on purpose)."""
+
+
+def native_internals_imported(path: Path) -> list[str]:
+    """The native room's modules that `path` imports by name (`focus.attention.native.build`, or `build` from the
+    room), where only the room's package itself, `focus.attention.native`, is its entry."""
+    rooms = {p.stem for p in NATIVE_ROOM.glob("*.py") if p.stem != "__init__"}
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and not node.level:
+            module = node.module or ""
+            if module.startswith(NATIVE + "."):
+                found.append(module)
+            elif module == NATIVE:
+                found += [f"{NATIVE}.{alias.name}" for alias in node.names if alias.name in rooms]
+        elif isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names if alias.name.startswith(NATIVE + ".")]
+    return found
+
+
+def test_nothing_outside_the_native_room_imports_its_internals():
+    """The native kernels are entered through `focus.attention.native`'s public names (its `__all__`); their build,
+    bindings and C++ are its own business."""
+    root = PACKAGE.parent
+    paths = [path for folder in ("focus", "tests", "benchmarks", "workflow", "examples", "scripts")
+             for path in sorted((root / folder).rglob("*.py")) if NATIVE_ROOM not in path.parents]
+    wrong = {str(path.relative_to(root)): found for path in paths
+             if str(path.relative_to(root)) not in ROOM_TESTS and (found := native_internals_imported(path))}
+    assert len(paths) > 100 and not wrong, wrong
+
+
+def test_the_native_check_sees_an_import_of_the_rooms_internals(tmp_path):
+    """The check above is not vacuous: each way of reaching inside is reported, the entry point is not."""
+    script = tmp_path / "script.py"
+    script.write_text("import focus.attention.native.build\nfrom focus.attention.native.prefill import native_merge\n"
+                      "from focus.attention.native import build, kernels\nfrom focus.attention.native import MAX_DIM\n")
+    assert native_internals_imported(script) == [
+        "focus.attention.native.build", "focus.attention.native.prefill", "focus.attention.native.build"]
+
+
+def test_native_sources_live_in_the_native_rooms_csrc_and_ship_in_the_wheel():
+    tomllib = pytest.importorskip("tomllib")
+    sources = sorted(path for path in PACKAGE.rglob("*") if path.suffix in NATIVE_SOURCE_SUFFIXES)
+    assert sources and all(path.parent == NATIVE_ROOM / "csrc" for path in sources), sources
+    settings = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["setuptools"]
+    shipped = settings["package-data"][NATIVE]
+    unshipped = [path.name for path in sources
+                 if not any(fnmatch.fnmatch(str(path.relative_to(NATIVE_ROOM)), glob) for glob in shipped)]
+    assert not unshipped, unshipped
 
 
 def library_calls(script: Path) -> list[str]:

@@ -5,7 +5,6 @@ import torch
 from test_attention import make_inputs, make_layer, reference_attention, reference_with_dense_heads
 from test_decoding import CASES, counting_calls, decode
 
-import focus.attention.decoding
 import focus.attention.function
 from focus import FocusConfig, apply_focus
 from focus.attention.decoding import FocusCache, GroupIndex
@@ -268,7 +267,7 @@ def test_focus_cache_takes_the_native_kernels_by_default_and_falls_back_with_one
     eager path; native=True then fails in one line, native=False never builds; compile_step is a deprecated alias."""
     import warnings
 
-    import focus.attention.native_step as native_step_module
+    import focus.attention.native.build as build  # (the room's own test: it breaks the build from inside)
 
     model = apply_focus(tiny_model("llama"), FocusConfig(num_groups=4, window=4, mode="hard"),
                         calibration_ids=torch.randint(0, 100, (2, 32)))
@@ -277,8 +276,8 @@ def test_focus_cache_takes_the_native_kernels_by_default_and_falls_back_with_one
     def broken():
         raise RuntimeError("Focus's native CPU kernels could not be built (no compiler here); they need a C++ compiler")
 
-    monkeypatch.setattr(native_step_module, "native_step", broken)
-    monkeypatch.setattr(focus.attention.decoding, "_BUILD_FAILED", [])
+    monkeypatch.setattr(build, "kernels", broken)
+    monkeypatch.setattr(build, "_BUILD_FAILED", [])
     with pytest.warns(RuntimeWarning, match="could not be built .* runs the eager PyTorch path") as caught:
         cache = FocusCache(model)
     assert len(caught) == 1 and not cache.native

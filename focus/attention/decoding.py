@@ -24,23 +24,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from focus.attention.group_bits import GROUP_BITS
 from focus.attention.growing_cache import GrowingCache
 from focus.attention.labels import label
+from focus.attention.native import kernels_built
 from focus.attention.routing import group_membership
 
 CACHE_INDEX_ATTRIBUTE = "focus_cache_index"
 """A `GroupIndex` set under this name on a Focus attention module by `FocusCache.update`, taken by the next call."""
 
 
-BIT_GROUPS = 62
-"""Up to this many groups, the index keeps each key's groups as the bits of one int64 (`GroupIndex.key_bits`)."""
-
 PAGE = 64
 """Positions per page of a group's member list. Each list grows a page at a time from a pool that every list of
-the layer shares, so the index costs its entries plus under a page per list, however unbalanced the groups: lists
-sized by the largest group cost up to 3x their entries with SmolLM2's k-means groups (index 5.5-6.1% of the
-cache at top-2 where balanced groups need 2%; paged, 2.35%). A step reads a list through its page table: one more
-gather."""
+the layer shares, so the index costs its entries plus under a page per list, however unbalanced the groups, where lists
+sized by the largest group would cost several times their entries with unbalanced (k-means) groups. A step reads a
+list through its page table: one more gather."""
 
 
 class GroupIndex:
@@ -53,8 +51,8 @@ class GroupIndex:
         list of positions in cache order is `pages[page_table[b, k, g]].flatten()[:counts[b, k, g]]`.
     sinks: (B, S) int64, the positions of the first S real keys of each row (-1 until seen).
     Buffers grow by an eighth of their size when full: appending a token costs O(1) amortised. The index costs
-    about 1% (top-1) and 2% (top-2) of a float32 cache at head size 64 with balanced groups; on SmolLM2 after a
-    4K prompt, with k-means groups of the prompt (unbalanced), 1.32% and 2.35% (`FocusCache.index_nbytes`).
+    about 1% (top-1) and 2% (top-2) of a float32 cache at head size 64 with balanced groups, a little more with
+    unbalanced ones (`FocusCache.index_nbytes`; docs/decoding.md has SmolLM2's).
     """
 
     def __init__(
@@ -62,7 +60,7 @@ class GroupIndex:
         scratch: ScratchRows | None = None, native: bool = False,
     ):
         self.num_groups, self.top_k, self.length = num_groups, top_k, 0
-        self.native = native  # steps and prompts run as native calls (`focus.attention.native_step`, `native_parts`)
+        self.native = native  # steps and prompts run as native calls (`focus.attention.native`)
         self.scratch = scratch or ScratchRows()  # where a step gathers its distant keys (one per cache, shared)
         group_dtype = torch.int8 if num_groups <= 127 else torch.int16  # a byte per group id where it fits
         self.key_groups = torch.full((batch, k_heads, 0, top_k), -1, dtype=group_dtype, device=device)
@@ -78,7 +76,7 @@ class GroupIndex:
         # step's mask is one AND per key. The group lists are brought up to date only when a sparse step reads them
         # (`listed`).
         self.key_bits = (torch.zeros(batch, k_heads, 0, dtype=torch.int64, device=device)
-                         if num_groups <= BIT_GROUPS else None)
+                         if num_groups <= GROUP_BITS else None)
         self.listed = 0
 
     def extend(self, groups: torch.Tensor, valid: torch.Tensor | None) -> None:
@@ -238,10 +236,6 @@ def _reserve(buffer: torch.Tensor, dim: int, needed: int, fill: int = -1) -> tor
     return grown
 
 
-_BUILD_FAILED: list[str] = []
-"""Why the native kernels could not be built in this process, once it is known: neither rebuilt nor warned again."""
-
-
 def _native_kernels(model: nn.Module, wanted: bool | None) -> bool:
     """Whether a FocusCache of `model` runs the native kernels: `wanted` True or False decides (True on another device
     than the CPU, or without a build, is an error); None takes them where the model is on the CPU and they build,
@@ -253,20 +247,7 @@ def _native_kernels(model: nn.Module, wanted: bool | None) -> bool:
         if wanted:
             raise ValueError(f"FocusCache(native=True): the native kernels run on the CPU, the model is on {device}")
         return False
-    from focus.attention.native_step import native_step
-
-    if _BUILD_FAILED and not wanted:
-        return False
-    try:
-        native_step()  # built once per machine (about a minute), then loaded from torch's extension cache
-    except RuntimeError as error:
-        if wanted:
-            raise
-        _BUILD_FAILED.append(str(error).splitlines()[0])
-        warnings.warn(f"{_BUILD_FAILED[0]}; FocusCache runs the eager PyTorch path (slower)", RuntimeWarning,
-                      stacklevel=3)
-        return False
-    return True
+    return kernels_built(required=bool(wanted))
 
 
 class FocusCache(GrowingCache):
@@ -275,11 +256,10 @@ class FocusCache(GrowingCache):
 
     Sliding-window cache layers (their old keys leave the cache) are not indexed: they take the dense path.
 
-    `native`: whether the prompt and the decoding steps run as native CPU calls (`focus.attention.native_step`,
-    `native_parts`; the same outputs within float32 rounding, built with the C++ compiler on first use, about a
-    minute, then cached). None (the default): wherever they apply, a model on the CPU, falling back to the eager
-    PyTorch path with one warning when they cannot be built; True: they must (an error otherwise); False: the eager
-    path. `compile_step` is its former name, deprecated.
+    `native`: whether the prompt and the decoding steps run as native CPU calls (`focus.attention.native`; the same
+    outputs within float32 rounding, built with the C++ compiler on first use, then cached). None (the default):
+    wherever they apply, a model on the CPU, falling back to the eager PyTorch path with one warning when they cannot
+    be built; True: they must (an error otherwise); False: the eager path. `compile_step` is its former name, deprecated.
     """
 
     def __init__(self, model: nn.Module, native: bool | None = None, compile_step: bool | None = None, **kwargs):
@@ -462,7 +442,7 @@ def sparse_decode_attention(
     if key_valid is not None:
         near.masked_fill_(~key_valid.repeat_interleave(k_heads, dim=0)[:, None], float("-inf"))
     far_keys = index.scratch.select_rows(key_rows, rows)  # (B*g, n, D), valid until the next call
-    # (1, D) x (D, n) per head, not (n, D) x (D, 1): the same product, 3x faster as a CPU GEMM.
+    # (1, D) x (D, n) per head, not (n, D) x (D, 1): the same product, in the shape a CPU GEMM runs fastest.
     far = torch.bmm(q.view(b * g, h // g, d), far_keys.float().transpose(1, 2)).view(b, g, h // g, -1)
     far.masked_fill_(drop[:, :, None], float("-inf"))
     probs = torch.softmax(torch.cat([near.view(b, h, w), far.view(b, h, -1)], dim=-1), dim=-1).to(value.dtype)
@@ -471,7 +451,7 @@ def sparse_decode_attention(
     out = torch.bmm(probs[:, :w].reshape(b * k_heads, r, w), value.reshape(b * k_heads, length, d)[:, start:])
     out = out.view(b * h, d)
     n = rows.shape[-1]
-    if n:  # one bag of n rows per query head (1-D with offsets: 1.7x faster than 2-D bags here)
+    if n:  # one bag of n rows per query head (1-D with offsets: faster than 2-D bags)
         if g != h:
             rows = rows.view(b * g, 1, n).expand(-1, h // g, -1)
         offsets = torch.arange(0, b * h * n, n, device=rows.device)
@@ -501,7 +481,7 @@ def _distant_keys(
     groups under the second). Every position is valid to gather."""
     b, h, top_k = query_groups.shape
     # Every gather is an index_select by a flat index: advanced indexing with broadcast index tensors copies element
-    # by element, 8x slower on a CPU.
+    # by element, several times slower on a CPU.
     group_rows = (kv_rows[..., None] * index.num_groups + query_groups).view(-1)  # (B * H * top_k,)
     width = int(index.counts.view(-1).index_select(0, group_rows).max()) if group_rows.numel() else 0
     members = index.members(group_rows, width).view(b, h, top_k, width)  # (B, H, top_k, C), -1 past each count
@@ -524,7 +504,7 @@ def _distant_keys(
 
 class ScratchRows:
     """A reused buffer for gathered rows. A decoding step copies the distant keys it reads; allocating that copy
-    afresh at every layer of every step page-faults it in each time (1.2-1.8x on a CPU, ../shared/FACTS.md)."""
+    afresh at every layer of every step page-faults it in each time."""
 
     def __init__(self):
         self.buffer: torch.Tensor | None = None

@@ -23,8 +23,8 @@ before it (unmasked) and a thin band up to its last query (masked). The union fo
 position-sorted union of both as one causal call: about four times the pairs when a segment's queries and keys are as
 many and distinct. There the two parts split by distance instead of by group: the **band** (`_band_part`) takes every
 pair within the window, whatever its groups, so one band mask serves all heads and the query heads of a key/value head
-share its keys; the rectangles take only the pairs at least `window` apart (their band masks cut there). In one
-SmolLM2 layer of a 2K prefill at window 128 that took top-1 from 90 to 56 ms and top-2 from 109 to 90 ms (2 threads).
+share its keys; the rectangles take only the pairs at least `window` apart (their band masks cut there), which costs
+less than a group-bit mask per head and block (docs/decomposition.md has the timings).
 
 "flash" backend, union form: a row that is only a query is never attended to because its key gets an extra head
 dimension that puts its logit at -1e4 / scale below everything (exp(-1e4) is 0 in float32) while queries get a 1
@@ -44,9 +44,10 @@ import torch
 import torch.nn.functional as F
 
 from focus.attention.fast_path import current_fast_path
+from focus.attention.group_bits import GROUP_BITS
 from focus.attention.labels import label
-from focus.attention.native_parts import MAX_DIM as NATIVE_MAX_DIM
-from focus.attention.native_parts import native_band_part, native_merge, native_rectangle_part, native_routed_prefill
+from focus.attention.native import MAX_DIM as NATIVE_MAX_DIM
+from focus.attention.native import native_band_part, native_merge, native_rectangle_part, native_routed_prefill
 from focus.attention.rectangle import rectangle_entries, rectangle_part
 from focus.attention.segments import Entries, masked_with_lse, similar_lengths, subset_codes, subset_sign
 
@@ -108,7 +109,7 @@ def decomposed_hard_attention(
             token's key groups, `groups`.
         chunk: queries per kernel row block of the group part when `query_groups` is given ("torch" backend).
         native: with `query_groups` ("torch" backend, CPU), the band and the rectangles as native calls
-            (`focus.attention.native_parts`; built on first use, as `FocusCache(native=True)` builds its step).
+            (`focus.attention.native`; built on first use, as `FocusCache(native=True)` builds its step).
 
     Returns:
         (B, H, L, D) in the dtype of `query`; rows of padding queries are zero.
@@ -267,7 +268,7 @@ def _segments_torch(packed_q, packed_k, packed_v, lengths: list[int], scaling: f
 
     Segments are taken longest first; a batch holds segments at least `fill` times its longest, each padded at
     its end to that length (padding is never seen by real queries: causal), so padding costs at most 1 - fill.
-    Batching matters: 16 causal calls of 4K tokens take 1.4x longer one by one than as one batch on 2 cores.
+    Batching matters: a fused kernel call per segment costs more than the same segments as one batch.
     """
     n, r, d = packed_q.shape
     device = packed_q.device
@@ -303,7 +304,7 @@ def _causal_with_lse(q, k, v, scaling):
 
 
 def _segments_flash(packed_q, packed_k, packed_v, lengths: list[int], scaling: float):
-    """All segments in one flash-attn varlen call (CUDA; not runnable on the CPU machines this was written on).
+    """All segments in one flash-attn varlen call (CUDA only).
 
     flash-attn takes (total, heads, D) rows with cumulative segment offsets, handles the R query heads per key
     head itself, and returns the log-sum-exp as (heads, total).
@@ -341,7 +342,7 @@ def _local_part(q, key, value, groups_q, groups, window, valid, sinks, scaling, 
     g_queries = F.pad(groups_q, (0, 0, 0, tail), value=-2).view(b, k_heads, n_blocks, block, -1)
     keyable = F.pad(valid & ~sinks, (pad, tail), value=False).unfold(1, span, block)  # (B, n, span)
     members_q = members_k = None
-    if groups.shape[-1] > 1 and max(int(groups.max()), int(groups_q.max())) < 63:
+    if groups.shape[-1] > 1 and max(int(groups.max()), int(groups_q.max())) < GROUP_BITS:
         bits = (1 << groups.clamp_min(0)).sum(dim=-1)  # (B, K, L) int64: bit g set for each group g of the token
         bits_q = bits if groups_q is groups else (1 << groups_q.clamp_min(0)).sum(dim=-1)
         members_q = F.pad(bits_q, (0, tail)).view(b, k_heads, n_blocks, block)
@@ -359,7 +360,7 @@ def _local_part(q, key, value, groups_q, groups, window, valid, sinks, scaling, 
             shared = (members_q[:, :, part, :, None] & members_k[:, :, part, None, :]) != 0
         elif groups.shape[-1] == 1:
             shared = g_queries[:, :, part, :, None, 0] == g_keys[:, :, part, None, :, 0]
-        else:  # more than 62 groups: compare every (query group, key group) pair
+        else:  # group ids from GROUP_BITS on: compare every (query group, key group) pair
             shared = (g_queries[:, :, part, :, None, :, None] == g_keys[:, :, part, None, :, None, :]).flatten(-2)
             shared = shared.any(-1)
         allowed = band & ~shared & keyable[:, None, part, None, :]  # (B, K, n, block, span)

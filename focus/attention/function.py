@@ -24,7 +24,7 @@ from focus.attention.decoding import (
 from focus.attention.decomposed import decomposed_hard_attention
 from focus.attention.fast_path import current_fast_path
 from focus.attention.labels import label
-from focus.attention.native_step import ROUTE_QUERIES, native_step
+from focus.attention.native import ROUTE_QUERIES, kernels
 from focus.attention.recall import LOSSES_ATTRIBUTE, recall_loss
 from focus.attention.reference import (
     causal_pairs,
@@ -41,11 +41,11 @@ from focus.attention.routing import (
     dense_heads,
     key_positions,
     layer_routing_logits,
+    native_step_router,
     route_call,
     route_prompt_natively,
     routing_vectors,
     step_groups,
-    step_router,
     top_k_groups,
 )
 from focus.attention.step_cost import NATIVE_STEP_BELOW, sparse_step_pays
@@ -232,7 +232,8 @@ def _hard_attention(
         if config.route_queries == "kv_head" and query_groups.shape[1] == call.query.shape[1]:
             # The query heads of a key/value head share its groups: one copy (native routing gives one already).
             query_groups = query_groups[:, :: call.query.shape[1] // call.key.shape[1]]
-        # A FocusCache that runs native steps runs the prefill's band and rectangles natively too (`native_parts`).
+        # A FocusCache that runs native steps runs the prefill's band and rectangles natively too
+        # (`focus.attention.native.native_routed_prefill`).
         native = index is not None and index.native and call.query.device.type == "cpu"
         return _decomposed_with_dense_heads(config, call, routed, groups, query_groups, native)
     allowed = hard_allowed(
@@ -271,7 +272,7 @@ def _decoding_step(
 
 
 def _native_step_applies(config: FocusConfig, index: GroupIndex, past: int, query: torch.Tensor) -> bool:
-    """Whether this decoding step runs as one native call (`focus.attention.native_step`): its cache asked for it,
+    """Whether this decoding step runs as one native call (`focus.attention.native`): its cache asked for it,
     the step runs on the CPU, below `NATIVE_STEP_BELOW` keys or where the sparse step would not pay anyway, and the
     index needs nothing but the new key (no cropped cache to rebuild, every row's sink tokens already seen)."""
     if not (index.native and query.device.type == "cpu" and index.key_bits is not None and index.length == past
@@ -298,12 +299,12 @@ def _native_decoding_step(
     query, key = call.query, call.key
     heads, k_heads, k_len = query.shape[1], key.shape[1], key.shape[2]
     index.reserve(k_len)
-    unit, bias = step_router(module, k_heads, heads if config.route_queries != "key" else 0)
+    panel, bias = native_step_router(module, k_heads, heads if config.route_queries != "key" else 0)
     inv_freq = getattr(module, "focus_inv_freq", None) if config.unrotate else None
     # The new token's position: the last of `position_ids` (`key_positions` of the last key, without its arithmetic).
     position = position_ids[:, -1:] if position_ids is not None else torch.full((1, 1), k_len - 1, device=key.device)
-    out = native_step().masked_step(
-        query, key, call.value, index.key_groups, index.key_bits, position, inv_freq, unit, bias,
+    out = kernels().masked_step(
+        query, key, call.value, index.key_groups, index.key_bits, position, inv_freq, panel, bias,
         None if call.base_mask is None else call.base_mask[:, :, -1:], dense_heads(module, k_heads, key.device),
         config.temperature, config.top_k, config.window, config.route_on == "value", ROUTE_QUERIES[config.route_queries],
         call.scaling,

@@ -1,8 +1,8 @@
 """Labels for torch.profiler on Focus's parts (`benchmarks/profile_focus.py` reads them), free when no profiler runs.
 
-`record_function` enters a profiler op even with no profiler on: 10-30 us a call on a 2-core EPYC (one thread, a
-training beside it), where the native decoding step of one SmolLM2 layer at 1K keys took 80-150 us. A decoding step enters one per layer, so labels are set only
-while a profiler records (torch's own fast check, which torch.compile's wrappers use the same way).
+`record_function` enters a profiler op even with no profiler on, at a cost of the order of a whole native decoding
+step of one layer (docs/decoding.md). A decoding step enters one per layer, so labels are set only while a profiler
+records (torch's own fast check, which torch.compile's wrappers use the same way).
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 import torch
 
+from focus.attention.group_bits import GROUP_BITS
 from focus.attention.segments import Entries, masked_with_lse, similar_lengths, subset_codes, subset_sign
 
 
@@ -29,9 +30,6 @@ class KeyRows(NamedTuple):
     query_skip: torch.Tensor | None = None  # (M,) int64
 
 
-ONCE_BELOW = 63
-"""`rectangle_entries(once=True)` takes group ids below this: a token's groups as the bits of one int64."""
-
 
 def rectangle_entries(groups_q, groups_k, valid, sinks, once: bool = False) -> tuple[Entries, KeyRows]:
     """Segments as (queries holding subset T) x (keys holding T) instead of their union: the query rows (entries,
@@ -39,7 +37,7 @@ def rectangle_entries(groups_q, groups_k, valid, sinks, once: bool = False) -> t
 
     `once`: segments of single groups only, every kept pair counted once, in the segment of the smallest group its
     query and key share; a query row skips the keys that hold one of its groups below the segment's (`KeyRows.bits`,
-    `KeyRows.query_skip` are set: the native kernel's test). Taken at top-k > 1 with group ids below ONCE_BELOW (else
+    `KeyRows.query_skip` are set: the native kernel's test). Taken at top-k > 1 with group ids below `GROUP_BITS` (else
     the bits stay None). Without it, with top-k > 1, a pair sharing m groups is counted in every subset of them, with
     the inclusion-exclusion sign: at top-2, three times.
     """
@@ -47,7 +45,7 @@ def rectangle_entries(groups_q, groups_k, valid, sinks, once: bool = False) -> t
     device = groups_k.device
     base = max(int(groups_k.max()), int(groups_q.max())) + 2 if groups_k.numel() else 2
     code_span = base**top_k
-    once = once and top_k > 1 and base - 2 < ONCE_BELOW  # at top-1 every pair is counted once anyway
+    once = once and top_k > 1 and base - 2 < GROUP_BITS  # at top-1 every pair is counted once anyway
     head = torch.arange(b * k_heads, device=device).view(b, k_heads, 1, 1)
     position = torch.arange(length, device=device).view(1, 1, length, 1)
 

@@ -94,8 +94,8 @@ def group_overlap(log_p_q: torch.Tensor, log_p_k: torch.Tensor) -> torch.Tensor:
 
 _NEGLIGIBLE_LOG_P = -30.0
 """Log-probabilities below this count as 0 in `soft_gate`: then every product of two is a normal float (>= e^-60),
-never a subnormal one, which x86 CPUs without flush-to-zero compute tens of times slower (a 2.8x slower training
-step on an AMD EPYC). The largest term dropped, e^-30 ~ 1e-13, is far below any gate floor."""
+never a subnormal one, which x86 CPUs without flush-to-zero compute tens of times slower. The largest term dropped,
+e^-30 ~ 1e-13, is far below any gate floor."""
 
 
 def _probabilities(log_p: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from focus.attention.labels import label
-from focus.attention.native_step import native_step
+from focus.attention.native import kernels
 from focus.config import FocusConfig
 from focus.distributed import average_across_processes
 
@@ -240,11 +240,11 @@ def route_call(
 def route_prompt_natively(
     module: nn.Module, query: torch.Tensor, keys: torch.Tensor, base_mask: torch.Tensor | None, positions: torch.Tensor
 ) -> tuple[torch.Tensor, Routed]:
-    """A whole prompt's hard routing in two native calls (`native_route.cpp`, built with the native decoding step): the
+    """A whole prompt's hard routing in two native calls (`native/csrc/route.cpp`): the
     keys' groups (B, K, L, top_k), as `cache_key_groups` finds them, and a `Routed` holding the queries' groups, as
     `route_call` then `top_k_groups` find them (`route_queries` "query" or "kv_head"), without log-assignments.
     Within float32 rounding of the eager routing (a product summed in another order): a group can differ only
-    where two scores tie to about 1e-6. About 10 ms faster a 2K-token SmolLM2 layer on 2 cores.
+    where two scores tie to about 1e-6.
 
     Args:
         query: (B, H, L, D) rotary-embedded; keys: (B, K, L, D) what the layer routes keys on; base_mask as for
@@ -258,7 +258,7 @@ def route_prompt_natively(
     if config.unrotate and inv_freq is not None:
         tables = _rotary_tables(positions, inv_freq, keys.device)  # (B or 1, 1, L, D): each angle twice
         cos, sin = (t[:, 0, :, : t.shape[-1] // 2].contiguous() for t in tables)
-    ext = native_step()
+    ext = kernels()
     with label("focus/native_route"):
         key_groups = ext.route_tokens(keys, cos, sin, unit[:k_heads].contiguous(), bias[:k_heads].contiguous(),
                                       config.temperature, config.top_k, 1)
@@ -365,6 +365,17 @@ def step_router(module: nn.Module, k_heads: int, heads: int) -> tuple[torch.Tens
             unit, bias_all = key_side.contiguous(), key_bias.contiguous()
         kept = module.__dict__["_focus_step_router"] = (stamp, unit, bias_all)
     return kept[1], kept[2]
+
+
+def native_step_router(module: nn.Module, k_heads: int, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`step_router` as the native step reads it: the unit centroids transposed and padded (`router_panel` of
+    `focus.attention.native.kernels`, (K + heads, D, G_pad)) and the bias, the panel kept beside the centroids it was
+    made of."""
+    unit, bias = step_router(module, k_heads, heads)
+    kept = module.__dict__.get("_focus_native_step_router")
+    if kept is None or kept[0] is not unit:
+        kept = module.__dict__["_focus_native_step_router"] = (unit, kernels().router_panel(unit))
+    return kept[1], bias
 
 
 def route_query_heads(module: nn.Module, query: torch.Tensor, k_heads: int) -> torch.Tensor:

@@ -1,8 +1,9 @@
 """Which decoding step a cache length calls for: the masked step (every key read in place under the hard mask), the
 sparse step (the keys of the query's groups, read through the group lists) or the native step (one C++ call).
 
-The three give the same output (`focus.attention.decoding`, `focus.attention.native_step`); what differs is their
-cost, modelled here from one-layer measurements on 2 CPU cores (`benchmarks/results/decode_step_*.md`).
+The three give the same output (`focus.attention.decoding`, `focus.attention.native`); what differs is their
+cost, modelled here from one-layer measurements on 2 CPU cores (`benchmarks/results/decode_step_*.md`; the numbers
+behind each constant are in docs/decoding.md, "Where the step constants come from").
 """
 
 from __future__ import annotations
@@ -12,23 +13,17 @@ import math
 
 SPARSE_KEY_COST = 3.0
 """A key a sparse step reads (gathered, scored by a small GEMM, its value summed by a bag) costs about this many keys
-that a masked step reads in place: top-2 of 16 groups with 9 query heads routed apart on 3 key/value heads reads
-2.2x the masked step's keys per step and was slower at every length to 64K (9.2 ms against 8.9 ms there); routed per
-key/value head it reads 0.73x and is faster from 16K on (`benchmarks/results/decode_step_kvhead_fp32.md`)."""
+that a masked step reads in place (fitted on `benchmarks/results/decode_step_kvhead_fp32.md`)."""
 
 SPARSE_STEP_FIXED_KEYS = 2800
 """The fixed cost of a sparse step (selecting its keys through the group lists, keeping the lists up to date), in keys
-a masked step reads in place: the sparse step pays once the keys it skips outweigh it. Fitted on 2 CPU cores, one
-SmolLM2-shaped layer (9/3 heads), 16 groups, window 64, float32: top-1 routed per query head is as fast either way at
-4K (0.42 ms), top-2 routed per key/value head 0.68 against 0.44 ms at 4K and 1.86 against 2.16 ms at 16K."""
+a masked step reads in place: the sparse step pays once the keys it skips outweigh it. Fitted on one SmolLM2-shaped
+layer (9/3 heads), 16 groups, window 64, float32."""
 
 NATIVE_STEP_BELOW = 65536
-"""Below this many cached keys a step runs native (`focus.attention.native_step`) even where the sparse step beats the
-eager masked one: the native step has no op overhead and reads only the keys its mask keeps. One layer (9/3 heads, 16
-groups, window 64, float32, random uneven groups, 2 threads of an AVX2 EPYC; `decode_step_blocked_fp32.md`), native
-against sparse at 32K keys: top-1 6.1x against 4.4x of SDPA per query head, 10.8x against 6.6x per key/value head;
-top-2 2.9x against 1.5x and 4.7x against 2.6x. Longer caches were not measured; the first, per-key native loop had
-lost to the sparse step from 16K on (the bound was 12,288 then)."""
+"""Below this many cached keys a step runs native (`focus.attention.native`) even where the sparse step beats the
+eager masked one: the native step has no op overhead and reads only the keys its mask keeps, and it still beat the
+sparse step at the longest cache measured (32K keys); beyond that, the cost model decides."""
 
 
 def distant_share(num_groups: int, top_k: int) -> float:

@@ -38,7 +38,7 @@ def decode_step_rows(
     reads) and the index's size against the cache's. Groups are random and balanced, as trained groups are in
     expectation. Routing "query": each query head has groups of its own; "kv_head": the query heads of a key/value
     head share theirs (`FocusConfig.route_queries`), so the sparse step reads them once. `native`: also the
-    step as one native call, routing and index upkeep included (`focus.attention.native_step`; CPU only)."""
+    step as one native call, routing and index upkeep included (`focus.attention.native`; CPU only)."""
     device = torch.device(device)
     rows = []
     for length, (heads, k_heads) in ((n, layout) for n in cache_lengths for layout in head_layouts):
@@ -83,9 +83,9 @@ def decode_step_rows(
 
 
 def _native_masked_step(q, key, value, index: GroupIndex, window: int, routing: str) -> Callable[[], torch.Tensor]:
-    """The native step (`focus.attention.native_step`) of this row, with random unit centroids: its routing work is
+    """The native step (`focus.attention.native`) of this row, with random unit centroids: its routing work is
     the same whichever groups it picks."""
-    from focus.attention.native_step import ROUTE_QUERIES, native_step
+    from focus.attention.native import ROUTE_QUERIES, kernels
 
     b, heads, _, d = q.shape
     k_heads, length = key.shape[1], key.shape[2]
@@ -94,8 +94,8 @@ def _native_masked_step(q, key, value, index: GroupIndex, window: int, routing: 
     bias = torch.zeros(k_heads + heads, index.num_groups)
     positions = torch.full((1, 1), length - 1)
     inv_freq = 1.0 / 10000 ** (torch.arange(0, d, 2).float() / d)
-    step = native_step().masked_step
-    return lambda: step(q, key, value, index.key_groups, index.key_bits, positions, inv_freq, unit, bias, None, None,
+    panel, step = kernels().router_panel(unit), kernels().masked_step
+    return lambda: step(q, key, value, index.key_groups, index.key_bits, positions, inv_freq, panel, bias, None, None,
                         0.1, index.top_k, window, False, ROUTE_QUERIES[routing], None)
 
 
@@ -150,9 +150,9 @@ def generate_rows(
 
     device = next(model.parameters()).device
     if compile_step:
-        from focus.attention.native_step import native_step
+        from focus.attention.native import kernels
 
-        native_step()  # built (or loaded) here, not inside the first timed step
+        kernels()  # built (or loaded) here, not inside the first timed step
     limit = getattr(model.config.get_text_config(), "max_position_embeddings", None)
     rows = []
     for length in prompt_lengths:

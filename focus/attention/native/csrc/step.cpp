@@ -1,4 +1,4 @@
-// One layer's hard Focus decoding step as one native call (focus/attention/native_step.py).
+// One layer's hard Focus decoding step as one native call (focus.attention.function._native_decoding_step calls it).
 //
 // The eager step is some 70 tensor ops of a few microseconds each on a CPU, for arithmetic that takes a few: it
 // routes the new key and the query heads (rotary undone, cosine against the centroids, top-k), writes the key's
@@ -6,9 +6,10 @@
 // Here the routing is a plain loop over a few thousand numbers, and the attention reads only the keys the mask keeps
 // (found by one AND of group bits per key), in chunks spread over the cores.
 
-#include "native_aten.h"
+#include "kernels.h"
 
-#include "native_math.h"
+#include "online_softmax.h"
+#include "router.h"
 
 #include <algorithm>
 #include <cmath>
@@ -22,32 +23,40 @@ namespace {
 
 using focus_native::exp_nonpositive;
 using focus_native::raise_maximum;
-using focus_native::top_groups;
 
-// Routes the new key and the query heads of every row, writes the key's groups and group bits into the index at
-// position L - 1, and returns each query head's group bits (B * H).
+// Routes the new key and the query heads of every row (router.h), writes the key's groups and group bits into the
+// index at position L - 1, and returns each query head's group bits (B * H). panel (K [+ H], D, G_pad): the key
+// heads' then the query heads' centroids (router_panel); bias (K [+ H], G): the keys' balance bias, zeros for queries.
 template <typename scalar_t, typename group_t>
 void route(const at::Tensor& query, const at::Tensor& arrived, at::Tensor& key_groups, at::Tensor& key_bits,
-           const at::Tensor& positions, const c10::optional<at::Tensor>& inv_freq, const at::Tensor& unit,
+           const at::Tensor& positions, const c10::optional<at::Tensor>& inv_freq, const at::Tensor& panel,
            const at::Tensor& bias, const c10::optional<at::Tensor>& base_mask, int64_t length, double temperature,
            int64_t top_k, int64_t route_queries, std::vector<int64_t>& query_bits_out) {
   const int64_t b_size = query.size(0), heads = query.size(1), d = query.size(3);
-  const int64_t k_heads = arrived.size(1), r = heads / k_heads, num_groups = unit.size(1);
-  const bool by_query = route_queries != 0;  // 0: "key", 1: "query", 2: "kv_head"
-  const int64_t routed = k_heads + (by_query ? heads : 0);
-  auto q = query.accessor<scalar_t, 4>();
-  auto a = arrived.accessor<scalar_t, 4>();
+  const int64_t k_heads = arrived.size(1), r = heads / k_heads, num_groups = bias.size(1), padded = panel.size(2);
+  const bool by_query = route_queries != focus_native::ROUTE_BY_KEY;
+  const int64_t share = route_queries == focus_native::ROUTE_BY_KV_HEAD ? r : 1, routed_queries = heads / share;
   auto groups_out = key_groups.accessor<group_t, 4>();
   auto bits_out = key_bits.accessor<int64_t, 3>();
   auto pos = positions.accessor<int64_t, 2>();
-  const float* centroids = unit.data_ptr<float>();  // contiguous (K [+ H], G, D)
-  auto bi = bias.accessor<float, 2>();
   const float* freq = inv_freq ? inv_freq->data_ptr<float>() : nullptr;
-  std::vector<float> cos_t(d / 2), sin_t(d / 2), x(d), logits(routed * num_groups), shared(num_groups);
-  std::vector<int64_t> chosen(top_k), query_bits(heads);
+  const float* panel_data = panel.data_ptr<float>();
+  const float* bias_data = bias.data_ptr<float>();
+  const float temp = static_cast<float>(temperature);
+  const focus_native::Router<scalar_t> keys{panel_data, bias_data, k_heads, d, num_groups, padded, 1, top_k, temp};
+  // The queries' bias rows are zeros (adding them changes no logit): none is read.
+  const focus_native::Router<scalar_t> queries{panel_data + k_heads * d * padded, nullptr, heads, d, num_groups,
+                                               padded, share, top_k, temp};
+  std::vector<float> cos_t(d / 2), sin_t(d / 2), x(d), logits(std::max(k_heads, heads) * num_groups), mean(num_groups);
+  std::vector<int64_t> key_chosen(k_heads * top_k), query_chosen(routed_queries * top_k), query_bits(heads);
+  auto bits_of = [top_k](const int64_t* chosen) {
+    int64_t bits = 0;
+    for (int64_t s = 0; s < top_k; ++s) bits |= int64_t{1} << chosen[s];
+    return bits;
+  };
 
   for (int64_t b = 0; b < b_size; ++b) {
-    if (freq) {  // routing.undo_rotary: turn each pair (x_m, x_{m + D/2}) back by position * inv_freq[m]
+    if (freq) {  // the angles to undo: position * inv_freq[m]
       const double p = static_cast<double>(pos[positions.size(0) > 1 ? b : 0][0]);
       for (int64_t m = 0; m < d / 2; ++m) {
         const float angle = static_cast<float>(p) * freq[m];
@@ -55,56 +64,24 @@ void route(const at::Tensor& query, const at::Tensor& arrived, at::Tensor& key_g
         sin_t[m] = std::sin(angle);
       }
     }
-    for (int64_t j = 0; j < routed; ++j) {  // routing logits: cosine to each centroid, over the temperature
-      for (int64_t m = 0; m < d; ++m)
-        x[m] = j < k_heads ? static_cast<float>(a[b][j][0][m]) : static_cast<float>(q[b][j - k_heads][0][m]);
-      if (freq) {
-        for (int64_t m = 0; m < d / 2; ++m) {
-          const float first = x[m], second = x[m + d / 2];
-          x[m] = first * cos_t[m] + second * sin_t[m];
-          x[m + d / 2] = second * cos_t[m] - first * sin_t[m];
-        }
-      }
-      float norm = 0;
-#pragma omp simd reduction(+ : norm)
-      for (int64_t m = 0; m < d; ++m) norm += x[m] * x[m];
-      const float scale = 1.0f / std::max(std::sqrt(norm), 1e-12f);
-      for (int64_t m = 0; m < d; ++m) x[m] *= scale;
-      const float* centroid = centroids + j * num_groups * d;
-      for (int64_t g = 0; g < num_groups; ++g, centroid += d) {
-        float dot = 0;
-#pragma omp simd reduction(+ : dot)
-        for (int64_t m = 0; m < d; ++m) dot += x[m] * centroid[m];
-        logits[j * num_groups + g] = dot / static_cast<float>(temperature);
-      }
-    }
-    if (route_queries == 2) {  // kv_head: the query heads of a key/value head share their mean logits
-      for (int64_t k = 0; k < k_heads; ++k) {
-        for (int64_t g = 0; g < num_groups; ++g) {
-          float sum = 0;
-          for (int64_t i = 0; i < r; ++i) sum += logits[(k_heads + k * r + i) * num_groups + g];
-          shared[g] = sum / static_cast<float>(r);
-        }
-        for (int64_t i = 0; i < r; ++i)
-          for (int64_t g = 0; g < num_groups; ++g) logits[(k_heads + k * r + i) * num_groups + g] = shared[g];
-      }
-    }
+    const float* cos = freq ? cos_t.data() : nullptr;
+    const float* sin = freq ? sin_t.data() : nullptr;
+    keys.route(arrived.data_ptr<scalar_t>() + b * arrived.stride(0), arrived.stride(1), cos, sin, key_chosen.data(),
+               top_k, x.data(), logits.data(), mean.data());
     const bool real = !base_mask || base_mask->accessor<bool, 4>()[b][0][0][length - 1];
-    for (int64_t j = 0; j < routed; ++j) {  // top-k of the log-assignments (logits + balance bias, shifted per row)
-      float* row = &logits[j * num_groups];
-      for (int64_t g = 0; g < num_groups; ++g) row[g] += bi[j][g];
-      top_groups(row, num_groups, top_k, chosen.data());
-      int64_t bits = 0;
-      for (int64_t s = 0; s < top_k; ++s) bits |= int64_t{1} << chosen[s];
-      if (j < k_heads) {
-        for (int64_t s = 0; s < top_k; ++s)
-          groups_out[b][j][length - 1][s] = real ? static_cast<group_t>(chosen[s]) : static_cast<group_t>(-1);
-        bits_out[b][j][length - 1] = real ? bits : 0;
-        if (!by_query)
-          for (int64_t i = 0; i < r; ++i) query_bits[j * r + i] = bits;
-      } else {
-        query_bits[j - k_heads] = bits;
-      }
+    for (int64_t k = 0; k < k_heads; ++k) {
+      const int64_t* chosen = key_chosen.data() + k * top_k;
+      const int64_t bits = bits_of(chosen);
+      for (int64_t s = 0; s < top_k; ++s)
+        groups_out[b][k][length - 1][s] = real ? static_cast<group_t>(chosen[s]) : static_cast<group_t>(-1);
+      bits_out[b][k][length - 1] = real ? bits : 0;
+      if (!by_query)  // route_queries "key": a query takes its own key's groups
+        for (int64_t i = 0; i < r; ++i) query_bits[k * r + i] = bits;
+    }
+    if (by_query) {
+      queries.route(query.data_ptr<scalar_t>() + b * query.stride(0), query.stride(1), cos, sin, query_chosen.data(),
+                    top_k, x.data(), logits.data(), mean.data());
+      for (int64_t h = 0; h < heads; ++h) query_bits[h] = bits_of(query_chosen.data() + h / share * top_k);
     }
     for (int64_t h = 0; h < heads; ++h) query_bits_out[b * heads + h] = query_bits[h];
   }
@@ -260,18 +237,28 @@ void attend_kept(const at::Tensor& query, const at::Tensor& key, const at::Tenso
 }  // namespace
 
 at::Tensor masked_step(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
-                          at::Tensor key_groups, at::Tensor key_bits, const at::Tensor& positions,
-                          const c10::optional<at::Tensor>& inv_freq, const at::Tensor& unit,
-                          const at::Tensor& bias, const c10::optional<at::Tensor>& base_mask,
-                          const c10::optional<at::Tensor>& dense, double temperature, int64_t top_k,
-                          int64_t window, bool route_on_value, int64_t route_queries, c10::optional<double> scaling) {
+                       at::Tensor key_groups, at::Tensor key_bits, const at::Tensor& positions,
+                       const c10::optional<at::Tensor>& inv_freq, const at::Tensor& panel, const at::Tensor& bias,
+                       const c10::optional<at::Tensor>& base_mask, const c10::optional<at::Tensor>& dense,
+                       double temperature, int64_t top_k, int64_t window, bool route_on_value, int64_t route_queries,
+                       c10::optional<double> scaling) {
   const int64_t b = query.size(0), heads = query.size(1), d = query.size(3);
   const int64_t k_heads = key.size(1), length = key.size(2);
   TORCH_CHECK(query.device().is_cpu() && query.size(2) == 1, "masked_step: one CPU query token per row");
-  TORCH_CHECK(top_k >= 1 && top_k <= unit.size(1) && top_k <= focus_native::MAX_TOP_K, "masked_step: top-k from 1 to "
+  TORCH_CHECK(route_queries == focus_native::ROUTE_BY_KEY || route_queries == focus_native::ROUTE_BY_QUERY ||
+                  route_queries == focus_native::ROUTE_BY_KV_HEAD,
+              "masked_step: route_queries is one of ROUTE_QUERIES' codes");
+  const int64_t routed = k_heads + (route_queries == focus_native::ROUTE_BY_KEY ? 0 : heads);
+  TORCH_CHECK(bias.scalar_type() == at::kFloat && bias.is_contiguous() && bias.dim() == 2 && bias.size(0) == routed,
+              "masked_step: a contiguous float32 bias (K [+ H], G)");
+  const int64_t num_groups = bias.size(1);
+  TORCH_CHECK(num_groups <= focus_native::GROUP_BITS, "masked_step: at most ", focus_native::GROUP_BITS, " groups");
+  TORCH_CHECK(top_k >= 1 && top_k <= num_groups && top_k <= focus_native::MAX_TOP_K, "masked_step: top-k from 1 to "
               "the groups, at most ", focus_native::MAX_TOP_K);
-  TORCH_CHECK(unit.scalar_type() == at::kFloat && unit.is_contiguous() && bias.scalar_type() == at::kFloat,
-              "masked_step: a contiguous float32 router");
+  TORCH_CHECK(panel.scalar_type() == at::kFloat && panel.is_contiguous() && panel.dim() == 3 &&
+                  panel.size(0) == routed && panel.size(1) == d && panel.size(2) >= num_groups &&
+                  panel.size(2) % focus_native::GROUP_BLOCK == 0,
+              "masked_step: the router's panel (K [+ H], D, G_pad) of router_panel");
   TORCH_CHECK(key_bits.size(2) >= length && key_groups.size(2) >= length, "masked_step: index buffers too short");
   const auto& source = route_on_value ? value : key;
   const auto arrived = source.narrow(2, length - 1, 1);
@@ -282,10 +269,10 @@ at::Tensor masked_step(const at::Tensor& query, const at::Tensor& key, const at:
   const double scale = scaling ? *scaling : 1.0 / std::sqrt(static_cast<double>(d));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "masked_step", [&] {
     if (key_groups.scalar_type() == at::kChar) {
-      route<scalar_t, int8_t>(query, arrived, key_groups, key_bits, positions, inv_freq, unit, bias, base_mask, length,
+      route<scalar_t, int8_t>(query, arrived, key_groups, key_bits, positions, inv_freq, panel, bias, base_mask, length,
                               temperature, top_k, route_queries, query_bits);
     } else {
-      route<scalar_t, int16_t>(query, arrived, key_groups, key_bits, positions, inv_freq, unit, bias, base_mask,
+      route<scalar_t, int16_t>(query, arrived, key_groups, key_bits, positions, inv_freq, panel, bias, base_mask,
                                length, temperature, top_k, route_queries, query_bits);
     }
     attend_kept<scalar_t>(query, key, value, key_bits, query_bits, base_mask, dense, window, scale, out);

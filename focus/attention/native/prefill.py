@@ -1,8 +1,8 @@
-"""The query-routed prefill's parts as native calls (`native_rectangle.cpp`, `native_segments.cpp`, `native_merge.cpp`,
-built with the native decoding step): what a `FocusCache(model, native=True)` prefill runs on the CPU instead of
-the eager parts of `focus.attention.decomposed`, with the same pairs, the same (output, log-sum-exp) and the same
-merge. `native_routed_prefill` is the whole of it, four calls; the other functions are its parts, and what the eager
-decomposition calls where those four do not apply (group ids from 63 on, padding not only on the left).
+"""The query-routed prefill's parts as native calls (`csrc/rectangle.cpp`, `csrc/segments.cpp`, `csrc/merge.cpp`):
+what a `FocusCache(model, native=True)` prefill runs on the CPU instead of the eager parts of
+`focus.attention.decomposed`, with the same pairs, the same (output, log-sum-exp) and the same merge.
+`native_routed_prefill` is the whole of it, four calls; the other functions are its parts, and what the eager
+decomposition calls where those four do not apply (group ids from `GROUP_BITS` on, padding not only on the left).
 
 Each query row reads one contiguous run of keys in place: its segment's keys at least a window before it (the
 rectangles), or its key/value head's keys within the window (the band). The eager parts gather keys into padded
@@ -13,37 +13,35 @@ from __future__ import annotations
 
 import torch
 
+from focus.attention.group_bits import GROUP_BITS
 from focus.attention.labels import label
-from focus.attention.native_step import native_step
-from focus.attention.rectangle import ONCE_BELOW, KeyRows
+from focus.attention.native.build import kernels
+from focus.attention.rectangle import KeyRows
 from focus.attention.segments import Entries
-
-MAX_DIM = 256
-"""The largest head size the native parts take (`native_rectangle.cpp`'s MAX_DIM); larger heads run eagerly."""
 
 
 def native_routed_prefill(query, key, value, groups_q, groups_k, window: int, valid, sinks, scaling: float):
     """The query-routed decomposition (`decomposed.decomposed_hard_attention` with `query_groups`) in four native calls:
-    the band, the segments (`native_segments.cpp`: single groups, each kept pair once, as
+    the band, the segments (`csrc/segments.cpp`: single groups, each kept pair once, as
     `rectangle_entries(once=True)`), their rectangles and the merge. No repeated keys, no sorts, no searches.
 
     Args:
         query (B, H, L, D); key, value (B, K, L, D); groups_q (B, Hq, L, k): each query head's groups (Hq = H), or
         those its key/value head's query heads share (Hq = K); groups_k (B, K, L, k); valid, sinks (B, L) bool.
     Returns:
-        (B, H, L, D) float32, or None where these parts do not apply (group ids from ONCE_BELOW on, padding not
+        (B, H, L, D) float32, or None where these parts do not apply (group ids from `GROUP_BITS` on, padding not
         only on the left): the eager parts take those.
     """
     b, h, length, d = query.shape
     q_heads = groups_q.shape[1]
     r = h // q_heads
-    if groups_q.numel() and max(int(groups_q.max()), int(groups_k.max())) >= ONCE_BELOW:
+    if groups_q.numel() and max(int(groups_q.max()), int(groups_k.max())) >= GROUP_BITS:
         return None
     with label("focus/native_band"):  # (labels for torch.profiler: benchmarks/profile_focus.py)
         band = native_band_part(query, key, value, window, valid, scaling)
     if band is None:
         return None
-    ext = native_step()
+    ext = kernels()
     with label("focus/native_segments"):
         query_rows, first, count, skip, key_rows, bits = ext.segment_rows(
             groups_q.contiguous(), groups_k.contiguous(), valid.contiguous(), sinks.contiguous(), window)
@@ -70,7 +68,7 @@ def native_rectangle_part(q, key, value, entries: Entries, keys: KeyRows, scalin
     first = torch.searchsorted(keys.order, base)
     reach = torch.clamp_min(entries.position - window, -1)  # -1: no key (and the search stays in the segment)
     count = torch.searchsorted(keys.order, base + reach, right=True) - first
-    out, lse = native_step().rectangles(
+    out, lse = kernels().rectangles(
         flat_q, key.reshape(-1, d).contiguous(), value.reshape(-1, d).contiguous(), first, count, scaling,
         entries.head * length + entries.position, keys.head * length + keys.position, keys.query_skip, keys.bits,
     )
@@ -94,7 +92,7 @@ def native_band_part(query, key, value, window: int, valid: torch.Tensor, scalin
     first = (rows + start[:, None]).flatten()  # rows in (batch, kv head, position) order
     count = count[:, None].expand(b, k_heads, length).flatten()
     grouped = query.view(b, k_heads, r, length, d).transpose(2, 3).reshape(b * k_heads * length, r, d).contiguous()
-    out, lse = native_step().rectangles(grouped, key.reshape(-1, d).contiguous(), value.reshape(-1, d).contiguous(),
+    out, lse = kernels().rectangles(grouped, key.reshape(-1, d).contiguous(), value.reshape(-1, d).contiguous(),
                                         first, count, scaling, None, None, None, None)
     out = out.view(b, k_heads, length, r, d).transpose(2, 3).reshape(b, h, length, d)
     return out, lse.view(b, k_heads, length, r).transpose(2, 3).reshape(b, h, length)
@@ -108,6 +106,6 @@ def native_merge(local_out, local_lse, seg_out, seg_lse, entries: Entries, valid
         seg_out, seg_lse = seg_out[rows], seg_lse[rows]
     length = local_out.shape[3]
     part_row = (entries.head[rows] * length + entries.position[rows]).contiguous()
-    return native_step().merge_parts(local_out.float(), local_lse.float(), seg_out.float().contiguous(),
+    return kernels().merge_parts(local_out.float(), local_lse.float(), seg_out.float().contiguous(),
                                      seg_lse.float().contiguous(), part_row, entries.sign[rows].long().contiguous(),
                                      valid.contiguous())

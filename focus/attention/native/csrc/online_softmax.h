@@ -1,4 +1,4 @@
-// Arithmetic shared by Focus's native kernels (native_step.cpp, native_rectangle.cpp, native_route.cpp).
+// The online softmax's arithmetic, shared by the attention kernels (step.cpp, rectangle.cpp).
 #pragma once
 
 #include <algorithm>
@@ -32,26 +32,6 @@ inline void raise_maximum(float top, float& best, float& total, float* acc, int6
 #pragma omp simd
   for (int64_t m = 0; m < d; ++m) acc[m] *= shrink;
   best = top;
-}
-
-// The top_k largest of row[0..n), best first; ties go to the lower index (as torch.topk's CPU kernel keeps them). One
-// pass, each value inserted below the kept ones it does not exceed: after the first few, a value is mostly compared
-// with the k-th alone (a predictable branch, where a pass per rank compared each value with the best unpredictably).
-constexpr int64_t MAX_TOP_K = 64;  // (callers check it)
-inline void top_groups(const float* row, int64_t n, int64_t top_k, int64_t* out) {
-  float kept[MAX_TOP_K];
-  int64_t filled = 0;
-  for (int64_t g = 0; g < n; ++g) {
-    const float value = row[g];
-    if (filled == top_k && !(value > kept[top_k - 1])) continue;
-    int64_t at = filled < top_k ? filled++ : top_k - 1;
-    for (; at > 0 && value > kept[at - 1]; --at) {  // strictly greater: an equal, earlier value stays ahead
-      kept[at] = kept[at - 1];
-      out[at] = out[at - 1];
-    }
-    kept[at] = value;
-    out[at] = g;
-  }
 }
 
 }  // namespace focus_native

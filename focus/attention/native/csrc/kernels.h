@@ -1,9 +1,8 @@
-// The declarations Focus's native kernels share (native_step.cpp, native_route.cpp, native_rectangle.cpp,
-// native_segments.cpp, native_merge.cpp): the few ATen headers they use, and the functions native_bindings.cpp hands
-// to Python.
+// The declarations Focus's native kernels share (step.cpp, route.cpp, rectangle.cpp, segments.cpp, merge.cpp): the
+// few ATen headers they use, and the functions bindings.cpp hands to Python.
 //
-// Only native_bindings.cpp includes <torch/python.h>: the kernels include ATen's tensor and op headers alone, which
-// compile in about 8 s each where <torch/extension.h> (the whole C++ frontend and pybind11) took 50 s per file here.
+// Only bindings.cpp includes <torch/python.h>: the kernels include ATen's tensor and op headers alone, which compile
+// several times faster than <torch/extension.h> (the whole C++ frontend and pybind11).
 #pragma once
 
 #include <ATen/Dispatch.h>
@@ -16,14 +15,27 @@
 
 #include <tuple>
 
-// native_step.cpp: one layer's decoding step.
+namespace focus_native {
+
+// The values Python shares with this code, defined once there (focus/attention/native/build.py's DEFINES, handed to
+// the compiler): group ids below GROUP_BITS are bits of one int64 (focus.attention.group_bits); heads of at most
+// MAX_DIM dimensions take the prompt kernels; FocusConfig.route_queries as the step's code.
+constexpr int64_t GROUP_BITS = FOCUS_GROUP_BITS;
+constexpr int64_t MAX_DIM = FOCUS_MAX_DIM;
+constexpr int64_t ROUTE_BY_KEY = FOCUS_ROUTE_BY_KEY;
+constexpr int64_t ROUTE_BY_QUERY = FOCUS_ROUTE_BY_QUERY;
+constexpr int64_t ROUTE_BY_KV_HEAD = FOCUS_ROUTE_BY_KV_HEAD;
+
+}  // namespace focus_native
+
+// step.cpp: one layer's decoding step.
 at::Tensor masked_step(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, at::Tensor key_groups,
                        at::Tensor key_bits, const at::Tensor& positions, const c10::optional<at::Tensor>& inv_freq,
-                       const at::Tensor& unit, const at::Tensor& bias, const c10::optional<at::Tensor>& base_mask,
+                       const at::Tensor& panel, const at::Tensor& bias, const c10::optional<at::Tensor>& base_mask,
                        const c10::optional<at::Tensor>& dense, double temperature, int64_t top_k, int64_t window,
                        bool route_on_value, int64_t route_queries, c10::optional<double> scaling);
 
-// native_rectangle.cpp: the query-routed prefill's rectangles.
+// rectangle.cpp: the query-routed prefill's rectangles.
 std::tuple<at::Tensor, at::Tensor> rectangles(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                                               const at::Tensor& key_first, const at::Tensor& key_count, double scale,
                                               const c10::optional<at::Tensor>& query_rows,
@@ -31,17 +43,18 @@ std::tuple<at::Tensor, at::Tensor> rectangles(const at::Tensor& query, const at:
                                               const c10::optional<at::Tensor>& query_skip,
                                               const c10::optional<at::Tensor>& key_bits);
 
-// native_route.cpp: a prompt's routing, every token and head.
+// route.cpp: a prompt's routing, every token and head; and the centroids in the layout the router reads (router.h).
 at::Tensor route_tokens(const at::Tensor& vectors, const c10::optional<at::Tensor>& cos,
                         const c10::optional<at::Tensor>& sin, const at::Tensor& unit,
                         const c10::optional<at::Tensor>& bias, double temperature, int64_t top_k, int64_t share);
+at::Tensor router_panel(const at::Tensor& unit);
 
-// native_segments.cpp: the query-routed prefill's segments, each kept pair once.
+// segments.cpp: the query-routed prefill's segments, each kept pair once.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> segment_rows(
     const at::Tensor& groups_q, const at::Tensor& groups_k, const at::Tensor& valid, const at::Tensor& sinks,
     int64_t window);
 
-// native_merge.cpp: the query-routed prefill's merge.
+// merge.cpp: the query-routed prefill's merge.
 at::Tensor merge_parts(const at::Tensor& local_out, const at::Tensor& local_lse, const at::Tensor& part_out,
                        const at::Tensor& part_lse, const at::Tensor& part_row, const at::Tensor& part_sign,
                        const at::Tensor& valid);

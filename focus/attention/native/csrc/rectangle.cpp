@@ -1,16 +1,15 @@
-// The query-routed hard Focus prefill's parts as native calls (focus/attention/native_parts.py): the rectangles
-// (focus/attention/rectangle.py) and the band (decomposed._band_part).
+// The query-routed hard Focus prefill's parts as native calls (focus.attention.native.native_rectangle_part and
+// native_band_part): the rectangles (focus.attention.rectangle) and the band (decomposed._band_part).
 //
 // Every query row reads one contiguous run of keys: in a rectangle, the keys of its segment at least a window before
 // it (keys and query rows packed in (segment, position) order); in the band, the keys of its key/value head within
-// the window. The eager forms gather keys into padded batches per fused-kernel call (about 50 calls for the
-// rectangles of one SmolLM2 layer at 2K tokens, at 2-3x the dense kernel's time per pair) or mask a block of keys
-// wider than the window; here tiles of consecutive query rows read their keys block by block, an online softmax in
+// the window. The eager forms gather keys into padded batches per fused-kernel call (tens of calls a layer, each
+// slower per pair than the dense kernel) or mask a block of keys wider than the window; here tiles of consecutive query rows read their keys block by block, an online softmax in
 // float32, spread over the cores. Every key is first copied once, transposed in panels of 16 (the layout a
 // matrix-multiply kernel packs its right operand in), and each block's scores and weighted values are products of
 // 6 x 16 micro-tiles held in registers.
 
-#include "native_aten.h"
+#include "kernels.h"
 
 #include <algorithm>
 #include <cmath>
@@ -25,7 +24,7 @@
 #include <immintrin.h>
 #endif
 
-#include "native_math.h"
+#include "online_softmax.h"
 
 namespace {
 
@@ -33,18 +32,16 @@ using focus_native::exp_nonpositive;
 using focus_native::raise_maximum;
 
 // Query rows per tile (of one segment, or of one band), times R query heads. Wider tiles read more keys past a row's
-// own. When each tile copied its own blocks of keys, a 2K-token SmolLM2 layer's rectangles at top-2 (2 threads) took
-// 54, 44 and 46 ms at 16, 32 and 64 rows; from the shared panels 30, 32 and 48 rows were equal within the noise. 30
-// fills its micro-tiles of QUERIES_AT_ONCE rows exactly (32 carried 4 padding vectors): 29.5 -> 27.9 ms, in turns.
+// own, narrower ones read the shared panels more often; 30 fills its micro-tiles of QUERIES_AT_ONCE rows exactly
+// (docs/decomposition.md has the widths measured).
 constexpr int64_t TILE_ROWS = 30;
 constexpr int64_t KEY_BLOCK = 64;   // keys scored, weighed and summed together
 constexpr int64_t TASKS_PER_THREAD = 8;  // tiles are dealt round-robin to this many tasks per thread: balanced work
 
 // Query vectors of a micro-tile: 6 x 16 keeps 12 sums in AVX2 registers, enough to hide the multiply-adds' latency
-// (in two runs of the same A/B, 4 x 16 took the 2K layer's band in 12.7 ms, 6 x 16 in 10.8 ms).
+// (4 x 16 did not: docs/decomposition.md).
 constexpr int64_t QUERIES_AT_ONCE = 6;
 constexpr int64_t WIDE = 16;  // keys scored, or head dimensions summed, by a micro-tile: two AVX2 registers of float32
-constexpr int64_t MAX_DIM = 256;  // the largest head size
 
 struct Tile {
   int64_t first_row, rows, key_first, key_count;
@@ -246,7 +243,8 @@ std::tuple<at::Tensor, at::Tensor> rectangles(const at::Tensor& query, const at:
                   value.is_contiguous() && key.scalar_type() == query.scalar_type() &&
                   value.scalar_type() == query.scalar_type(),
               "rectangles: contiguous CPU query (N, R, D), key and value (Nk, D) of one dtype");
-  TORCH_CHECK(query.size(2) <= MAX_DIM, "rectangles: heads of at most ", MAX_DIM, " dimensions");
+  TORCH_CHECK(query.size(2) <= focus_native::MAX_DIM, "rectangles: heads of at most ", focus_native::MAX_DIM,
+              " dimensions");
   TORCH_CHECK(key_first.scalar_type() == at::kLong && key_count.scalar_type() == at::kLong &&
                   key_first.is_contiguous() && key_count.is_contiguous() &&
                   key_first.numel() == (query_rows ? query_rows->numel() : query.size(0)) &&

@@ -1,12 +1,11 @@
-// The query-routed prefill's segments as one native call (focus/attention/native_parts.py): every query row and key
+// The query-routed prefill's segments as one native call (focus.attention.native.native_routed_prefill): every query row and key
 // row of `rectangle.rectangle_entries(once=True)`, and each query row's run of keys, in two counting passes.
 //
-// The eager form sorts every row by (segment, position) and finds each query's keys by binary search: in a 2K-token
-// SmolLM2 layer at top-2 (9 query heads), some 10 ms of sorts, searches and small tensor ops where the rectangles
-// themselves take 30. Here the segments are single groups (each kept pair once), so a counting sort per (batch,
+// The eager form sorts every row by (segment, position) and finds each query's keys by binary search: a third of
+// the rectangles' own time in sorts, searches and small tensor ops. Here the segments are single groups (each kept pair once), so a counting sort per (batch,
 // query head) is the whole job: rows come out in position order within each group by walking the positions once.
 
-#include "native_aten.h"
+#include "kernels.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -58,7 +57,7 @@ int64_t bits_of(const int64_t* groups, int64_t top_k) {
 }  // namespace
 
 // groups_q (B, Hq, L, k) int64: each query head's groups (Hq = H, or K when the query heads of a key/value head share
-// them); groups_k (B, K, L, k) int64, the keys'; ids in [0, 63), distinct per token. valid, sinks (B, L) bool (sinks
+// them); groups_k (B, K, L, k) int64, the keys'; ids in [0, GROUP_BITS), distinct per token. valid, sinks (B, L) bool (sinks
 // among the valid tokens). Returns, query rows in (batch, query head, group, position) order and key rows in (batch,
 // query head, group, position) order:
 //   query_rows (N,): (batch * Hq + head) * L + position;  key_first, key_count (N,): each query row's keys, the
@@ -73,7 +72,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   TORCH_CHECK(valid.scalar_type() == at::kBool && sinks.scalar_type() == at::kBool && valid.is_contiguous() &&
                   sinks.is_contiguous() && valid.sizes() == sinks.sizes() && valid.dim() == 2,
               "segment_rows: contiguous bool valid and sinks (B, L)");
-  const Sizes s{groups_q.size(0), groups_q.size(1), groups_k.size(1), groups_q.size(2), groups_q.size(3), 63};
+  const Sizes s{groups_q.size(0), groups_q.size(1), groups_k.size(1), groups_q.size(2), groups_q.size(3),
+                focus_native::GROUP_BITS};
   TORCH_CHECK(groups_k.size(0) == s.batch && groups_k.size(2) == s.length && groups_k.size(3) == s.top_k &&
                   s.q_heads % s.k_heads == 0 && valid.size(0) == s.batch && valid.size(1) == s.length,
               "segment_rows: groups_q, groups_k, valid of one batch, length and top-k");
@@ -87,7 +87,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     for (int64_t i = 0; i < groups->numel(); ++i) {
       const int64_t pos = i / s.top_k % s.length, b = i / per_batch;
       TORCH_CHECK(!is_valid[b * s.length + pos] || (g[i] >= 0 && g[i] < s.groups),
-                  "segment_rows: group ids of valid tokens in [0, 63)");
+                  "segment_rows: group ids of valid tokens in [0, ", s.groups, ")");
     }
   }
 
