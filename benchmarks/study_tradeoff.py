@@ -4,10 +4,10 @@ WikiText-2, from the committed tables (issue 27).
     .venv/bin/python benchmarks/study_tradeoff.py
 
 Reads benchmarks/results/study_part{1..4}.csv (the study rule's tables: books validation, WikiText-2 test, pass-key of
-12 trials at 1K and 2K), forgetting_screen_validation.csv (books and WikiText-2 validation, pass-key at 1K-4K) and
-no_worse_validation.csv (issue 44: the held-out novel and WikiText-2 validation, centroids trained on five novels),
-and draws benchmarks/results/study_tradeoff.{png,svg} with its table study_tradeoff.md (`focus.report.study`'s
-trade-off figure, which the study rule draws for a run).
+12 trials at 1K and 2K), forgetting_screen_validation.csv (books and WikiText-2 validation, pass-key at 1K-4K),
+no_worse_validation.csv and no_worse_screen2_validation.csv (issue 44: the held-out novel and WikiText-2 validation,
+centroids trained on five novels), and draws benchmarks/results/study_tradeoff.{png,svg} with its table
+study_tradeoff.md (`focus.report.study`'s trade-off figure, which the study rule draws for a run).
 """
 
 from __future__ import annotations
@@ -50,13 +50,17 @@ def main() -> None:
             "distant_kept": rows["distant_kept"],
             "passkey": rows[passkey].apply(lambda r: sum(_share(v) for v in r) / len(r), axis=1),
         })])
-    no_worse = results / "no_worse_validation.csv"
-    if no_worse.exists():
-        rows = pd.read_csv(no_worse).dropna(subset=["books_by_book_change"])
+    for name, budget in (("no_worse_validation.csv", ""), ("no_worse_screen2_validation.csv", ", 100 steps")):
+        if not (results / name).exists():
+            continue
+        rows = pd.read_csv(results / name).dropna(subset=["books_by_book_change"])
+        rows = rows[rows["design"] != "pretrained"]
         points = pd.concat([points, pd.DataFrame({
-            "design": "by book: " + rows["design"] + ", window 128", "domain_change": rows["books_by_book_change"],
-            "other_change": rows["wikitext2_change"], "distant_kept": rows["distant_kept"],
-            "passkey": rows["needle"].map(lambda cell: _shares(cell) if isinstance(cell, str) else float("nan")),
+            "design": "by book: " + rows["design"] + ", window 128" + budget,
+            "domain_change": rows["books_by_book_change"], "other_change": rows["wikitext2_change"],
+            "distant_kept": rows["distant_kept"],
+            "passkey": rows["needle"].map(lambda cell: _shares(cell) if isinstance(cell, str) and " of " in cell
+                                          else float("nan")),
         })])
     note = ("parts 1-4: books validation against WikiText-2 test, pass-key of 12 trials at 1K-2K; screen: both "
             "validation splits, pass-key at 1K-4K; window 64 unless named. by book (issue 44): the held-out novel's "

@@ -24,11 +24,16 @@ SEQ = 64
 
 @pytest.fixture
 def results(tmp_path, monkeypatch):
-    """A results folder, with every folder wandb writes to inside the test's own, offline."""
+    """A results folder, with every folder wandb writes to inside the test's own, offline. wandb reads its settings
+    from the environment once per process: it is torn down after the test, so later tests' settings count."""
+    import wandb
+
     monkeypatch.setenv("WANDB_MODE", "offline")
     for name in ("WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR"):
         monkeypatch.setenv(name, str(tmp_path / name.lower()))
-    return tmp_path / "results"
+    wandb.teardown()
+    yield tmp_path / "results"
+    wandb.teardown()
 
 
 def _job(results: Path) -> TrainingJob:
