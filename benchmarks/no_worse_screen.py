@@ -170,7 +170,9 @@ def main() -> None:
                 log(f"{name} test {test_rows[-1]}")
                 _write(test_rows, out / "no_worse_test", args, "test")
         if "lengths" in args.phases and (winner or args.length_designs):
-            names = args.length_designs or [winner]
+            names = [name for name in args.length_designs or [winner] if name in adapters]
+            if missing := set(args.length_designs or []) - set(names):
+                log(f"lengths: no adapter for {sorted(missing)} (not trained before the deadline)")
             _lengths(model, {name: adapters[name] for name in names}, args, out, log)
     log("done")
 
