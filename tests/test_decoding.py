@@ -10,9 +10,11 @@ import torch
 from test_attention import make_inputs, make_layer, reference_attention, reference_with_dense_heads, run_focus
 
 import focus.attention.decoding
+import focus.attention.group_index
 import focus.attention.function
 from focus import FocusConfig
-from focus.attention.decoding import CACHE_INDEX_ATTRIBUTE, GroupIndex
+from focus.attention.decoding import CACHE_INDEX_ATTRIBUTE
+from focus.attention.group_index import GroupIndex
 
 
 @pytest.fixture(autouse=True)
@@ -20,7 +22,7 @@ def small_pages(request, monkeypatch):
     """Pages of 4 positions, so that the short sequences here spread every group's list over several pages (a test
     marked `real_pages` keeps the library's size)."""
     if "real_pages" not in request.keywords:
-        monkeypatch.setattr(focus.attention.decoding, "PAGE", 4)
+        monkeypatch.setattr(focus.attention.group_index, "PAGE", 4)
 
 CASES = {
     # heads, kv_heads, top_k, window, sinks, pads, route_queries
@@ -77,7 +79,7 @@ def decode(layer, q, key, v, mask, prompt: int, chunk: int = 1):
 def step(request, monkeypatch):
     """Which decoding step runs: through the group lists ("sparse") or under the hard mask ("masked"), whatever the
     cost model would choose at these lengths."""
-    monkeypatch.setattr(focus.attention.function, "sparse_step_pays", lambda *args: request.param == "sparse")
+    monkeypatch.setattr(focus.attention.planning, "sparse_step_pays", lambda *args: request.param == "sparse")
     return request.param
 
 
@@ -238,7 +240,7 @@ def test_generate_through_a_focus_cache_on_smollm2_is_the_dense_pattern(smollm2,
     calibration = text[None, 9000:9512]
     apply_focus(model, FocusConfig(num_groups=16, window=64, top_k=2, mode="hard"), calibration_ids=calibration)
     turns = itertools.cycle([True, False])
-    monkeypatch.setattr(focus.attention.function, "sparse_step_pays", lambda *args: next(turns))
+    monkeypatch.setattr(focus.attention.planning, "sparse_step_pays", lambda *args: next(turns))
     try:
         with torch.no_grad(), counting_sparse_steps() as calls:
             out = model.generate(input_ids=ids, attention_mask=mask, past_key_values=FocusCache(model, native=False),

@@ -7,11 +7,11 @@ from focus.attention.decomposed import (
     available_backends,
     decomposed_hard_attention,
     pair_counts,
-    select_backend,
     theoretical_ratio,
 )
 from focus.attention.fast_path import current_fast_path, fast_path, use_fast_path
 from focus.attention.native import native_routed_prefill
+from focus.attention.planning import decomposition_backend
 from focus.attention.reference import causal_pairs, dense_attention, hard_allowed
 from focus.attention.routing import sink_keys
 
@@ -78,23 +78,33 @@ def test_matches_the_dense_reference(case, backend, routing, one_thread):
 def test_native_rectangles_match_the_dense_reference(case, routing, one_thread):
     """The band, the rectangles and the merge as native calls (`focus.attention.native`, what a
     FocusCache(native=True) prefill runs)."""
-    check_case(case, "torch", routing, native=True)
+    check_case(case, "native", routing)
 
 
 @pytest.mark.parametrize("layout", ["70 groups", "right padding"])
-def test_native_prefill_falls_back_to_its_eager_parts_where_they_do_not_apply(layout, one_thread):
-    """Group ids from 63 on do not fit the segments' group bits (the rectangles then take inclusion-exclusion), and
-    padding on the right breaks the band's runs of keys (the eager band takes it): still the dense reference."""
+def test_the_plan_sends_what_the_native_prefill_does_not_take_to_the_eager_decomposition(layout, one_thread):
+    """Group ids from 63 on do not fit the segments' group bits, and padding on the right breaks the band's runs of
+    keys: the native prefill refuses them in one line, the plan of a native FocusCache's prompt does not ask it, and
+    the eager decomposition it asks instead is the dense reference."""
+    from focus.attention.planning import CallFacts, plan
+    from focus.config import FocusConfig
+
     num_groups = 70 if layout == "70 groups" else 5
     query, key, value, groups, valid = inputs(2, 4, 2, 150, 16, num_groups, 2, seed=8)
     if layout == "right padding":
         valid[1, -13:] = False
     query_groups = random_groups(2, 4, 150, num_groups, 2, torch.Generator().manual_seed(4))
     sinks = sink_keys(valid, 150, 1)
-    whole = native_routed_prefill(query, key, value, query_groups, groups, 9, valid, sinks.expand(2, 150) & valid, 0.25)
-    assert whole is None  # (the four native calls decline it)
+    with pytest.raises(ValueError, match="group ids below 63" if num_groups == 70 else "padding only on the left"):
+        native_routed_prefill(query, key, value, query_groups, groups, 9, valid, sinks.expand(2, 150) & valid, 0.25)
+    config = FocusConfig(num_groups=num_groups, top_k=2, window=9, mode="hard", route_queries="query")
+    facts = CallFacts(queries=150, keys=150, heads=4, k_heads=2, head_dim=16, cache="native",
+                      left_padded=layout != "right padding")
+    assert plan(config, facts).kernel == "decomposed_torch"
+    assert plan(config.replace(num_groups=5), CallFacts(queries=150, keys=150, cache="native")).kernel == (
+        "decomposed_native")
     expected = reference(query, key, value, groups, num_groups, 9, valid, sinks, query_groups=query_groups)
-    got = decomposed_hard_attention(query, key, value, groups, 9, valid, sinks, query_groups=query_groups, native=True)
+    got = decomposed_hard_attention(query, key, value, groups, 9, valid, sinks, query_groups=query_groups)
     rows = valid[:, None, :, None].expand_as(got)
     torch.testing.assert_close(got[rows], expected[rows], atol=2e-6, rtol=1e-5)
 
@@ -131,7 +141,7 @@ def test_native_segments_are_the_eager_ones(routing):
         assert torch.equal(key_rows[native], eager_rows[eager]) and torch.equal(bits[native], keys.bits[eager])
 
 
-def check_case(case: str, backend: str, routing: str, native: bool = False) -> None:
+def check_case(case: str, backend: str, routing: str) -> None:
     spec = dict(CASES[case])
     window, sink_tokens = spec.pop("window"), spec.pop("sink_tokens")
     pad, empty = spec.pop("pad", 0), spec.pop("empty", ())
@@ -146,7 +156,7 @@ def check_case(case: str, backend: str, routing: str, native: bool = False) -> N
     expected = reference(query, key, value, groups, spec["num_groups"], window, valid, sinks,
                          query_groups=per_query_head)
     got = decomposed_hard_attention(query, key, value, groups, window, valid, sinks, backend=backend, block=16,
-                                    query_groups=query_groups, native=native)
+                                    query_groups=query_groups)
     rows = valid[:, None, :, None].expand_as(got)
     torch.testing.assert_close(got[rows], expected[rows], atol=2e-6, rtol=1e-5)
     assert (got[~rows] == 0).all()
@@ -199,13 +209,13 @@ def test_bfloat16_error_within_twice_the_reference_error(one_thread):
 
 
 def test_the_fast_path_switch_pins_the_backend_and_restores_it():
-    assert current_fast_path() == "auto" and select_backend("cpu") == "torch"
+    assert current_fast_path() == "auto" and decomposition_backend("cpu") == "torch"
     with fast_path("flash"):
-        assert select_backend("cpu") == "flash"
+        assert decomposition_backend("cpu") == "flash"
         with fast_path("dense"):
             assert current_fast_path() == "dense"
         assert current_fast_path() == "flash"
-    assert current_fast_path() == "auto" and select_backend("cpu") == "torch"
+    assert current_fast_path() == "auto" and decomposition_backend("cpu") == "torch"
     with pytest.raises(ValueError, match="unknown fast path 'triton'"):
         use_fast_path("triton")
 

@@ -7,7 +7,8 @@ from test_decoding import CASES, counting_calls, decode
 
 import focus.attention.function
 from focus import FocusConfig, apply_focus
-from focus.attention.decoding import FocusCache, GroupIndex
+from focus.attention.decoding import FocusCache
+from focus.attention.group_index import GroupIndex
 from focus.models import tiny_model
 
 
@@ -19,7 +20,16 @@ def counting_native_steps():
 @pytest.fixture(autouse=True)
 def masked_steps(monkeypatch):
     """Every one-token step under the mask (the native step's path), whatever the cost model would choose."""
-    monkeypatch.setattr(focus.attention.function, "sparse_step_pays", lambda *args: False)
+    monkeypatch.setattr(focus.attention.planning, "sparse_step_pays", lambda *args: False)
+
+
+def eager_steps(monkeypatch):
+    """The steps of a native index as an eager one's (its prompt stays native)."""
+    from dataclasses import replace
+
+    step_plan = focus.attention.planning._step_plan
+    monkeypatch.setattr(focus.attention.planning, "_step_plan",
+                        lambda config, facts: step_plan(config, replace(facts, cache="eager")))
 
 
 @pytest.fixture
@@ -78,7 +88,7 @@ def test_native_steps_undo_the_rotary_embedding_as_the_eager_steps_do(case, monk
     layer.register_buffer("focus_inv_freq", 1.0 / 100 ** (torch.arange(0, 8, 2).float() / 8), persistent=False)
     with torch.no_grad(), counting_native_steps() as calls:
         native, native_index = decode(layer, q, key, v, mask, prompt=12)
-    monkeypatch.setattr(focus.attention.function, "_native_step_applies", lambda *args: False)
+    eager_steps(monkeypatch)
     with torch.no_grad():
         eager, eager_index = decode(layer, q, key, v, mask, prompt=12)
     assert calls[0] == (0 if layer.focus_config.window >= 41 else 41 - 12)
@@ -111,7 +121,7 @@ def test_native_steps_in_half_precision_route_as_the_eager_steps_within_twice_th
         native, native_index = decode(layer, *low, mask, prompt=12)
         exact = reference_attention(layer, q, key, v, mask, scaling=0.4)[:, :, 12:]
         ref = reference_attention(layer, *low, mask, scaling=0.4)[:, :, 12:].float()
-    monkeypatch.setattr(focus.attention.function, "_native_step_applies", lambda *args: False)
+    eager_steps(monkeypatch)
     with torch.no_grad():
         _, eager_index = decode(layer, *low, mask, prompt=12)
     assert calls[0] == 40 - 12
@@ -241,25 +251,24 @@ def test_a_cropped_focus_cache_cuts_its_indexes_and_decodes_on_as_if_never_exten
 
 def test_the_native_step_runs_below_its_length_and_where_the_sparse_step_would_not_pay(monkeypatch):
     """Which step a SmolLM2-shaped layer (9/3 heads, 16 groups) takes by cache length, native steps asked for."""
-    from focus.attention.decoding import GroupIndex
-    from focus.attention.function import _native_step_applies
+    from focus.attention.planning import CallFacts, plan
     from focus.attention.step_cost import NATIVE_STEP_BELOW, sparse_step_pays
 
-    monkeypatch.setattr(focus.attention.function, "sparse_step_pays", sparse_step_pays)  # the real cost model here
+    monkeypatch.setattr(focus.attention.planning, "sparse_step_pays", sparse_step_pays)  # the real cost model here
     def first_sparse(routing_heads, top_k):
         return next((n for n in range(256, 70_000, 256) if sparse_step_pays(16, top_k, routing_heads, 3, n)), None)
 
     assert {(rh, k): first_sparse(rh, k) for rh, k in ((9, 1), (3, 1), (3, 2), (9, 2))} == {
         (9, 1): 6400, (3, 1): 3584, (3, 2): 10240, (9, 2): None}  # against the eager masked step
-    index = GroupIndex(1, 3, 16, 1, 0, "cpu", native=True)
-    index.key_bits = torch.zeros(1, 3, 0, dtype=torch.int64)
-    query = torch.zeros(1, 9, 1, 64)
     for route_queries, top_k, native_up_to in (("query", 1, NATIVE_STEP_BELOW), ("kv_head", 2, NATIVE_STEP_BELOW),
                                                ("query", 2, 1 << 30)):
-        config = FocusConfig(num_groups=16, top_k=top_k, route_queries=route_queries)
+        config = FocusConfig(num_groups=16, top_k=top_k, route_queries=route_queries, mode="hard")
         for length in (1024, NATIVE_STEP_BELOW - 1, NATIVE_STEP_BELOW, 2 * NATIVE_STEP_BELOW):
-            index.length = length - 1
-            assert _native_step_applies(config, index, length - 1, query) == (length < native_up_to), (config, length)
+            chosen = plan(config, CallFacts(queries=1, keys=length, cache="native"))
+            assert (chosen.kernel == "native_step") == (length < native_up_to), (config, length, chosen)
+            assert chosen.kernel in ("native_step", "sparse_step")  # never the eager masked step, where it pays
+            stale = plan(config, CallFacts(queries=1, keys=length, cache="native", index_current=False))
+            assert stale.kernel != "native_step"  # a cropped index, or sinks not yet seen: the eager step
 
 
 def test_focus_cache_takes_the_native_kernels_by_default_and_falls_back_with_one_warning(monkeypatch):

@@ -21,7 +21,7 @@ and a segment of subset T has two sides: the queries holding T and the keys hold
 queries attend to the keys (a rectangle, `focus.attention.rectangle`): in chunks of queries, each against the keys
 before it (unmasked) and a thin band up to its last query (masked). The union form (below) would run the
 position-sorted union of both as one causal call: about four times the pairs when a segment's queries and keys are as
-many and distinct. There the two parts split by distance instead of by group: the **band** (`_band_part`) takes every
+many and distinct. There the two parts split by distance instead of by group: the **band** (`band.band_part`) takes every
 pair within the window, whatever its groups, so one band mask serves all heads and the query heads of a key/value head
 share its keys; the rectangles take only the pairs at least `window` apart (their band masks cut there), which costs
 less than a group-bit mask per head and block (docs/decomposition.md has the timings).
@@ -30,52 +30,32 @@ less than a group-bit mask per head and block (docs/decomposition.md has the tim
 dimension that puts its logit at -1e4 / scale below everything (exp(-1e4) is 0 in float32) while queries get a 1
 there. Still standard causal kernels, no mask; the cost is the union's length instead of the keys'.
 
-Backends for the group part: "flash" (flash-attn `flash_attn_varlen_func`, all segments in one call; CUDA)
-and "torch" (one `_scaled_dot_product_flash_attention_for_cpu`-style call per segment: PyTorch's fused causal
-kernel that also returns the log-sum-exp). `select_backend` picks; `focus.attention.fast_path` pins one.
+Backends: "flash" (flash-attn `flash_attn_varlen_func`, all segments in one call; CUDA), "torch" (one
+`_scaled_dot_product_flash_attention_for_cpu`-style call per segment: PyTorch's fused causal kernel that also returns
+the log-sum-exp) and "native" (query-routed, CPU: the band, the segments, the rectangles and the merge as four native
+calls, `focus.attention.native.native_routed_prefill`). A model's calls take the backend of their plan
+(`focus.attention.planning`); a direct call without one takes `decomposition_backend`'s.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
-import torch.nn.functional as F
 
-from focus.attention.fast_path import current_fast_path
-from focus.attention.group_bits import GROUP_BITS
+from focus.attention.band import band_part, local_part
 from focus.attention.labels import label
-from focus.attention.native import MAX_DIM as NATIVE_MAX_DIM
-from focus.attention.native import native_band_part, native_merge, native_rectangle_part, native_routed_prefill
+from focus.attention.native import native_routed_prefill
+from focus.attention.planning import decomposition_backend, flash_attn_installed
 from focus.attention.rectangle import rectangle_entries, rectangle_part
-from focus.attention.segments import Entries, masked_with_lse, similar_lengths, subset_codes, subset_sign
+from focus.attention.segments import Entries, similar_lengths, subset_codes, subset_sign
 
-BACKENDS = ("flash", "torch")
+BACKENDS = ("flash", "torch", "native")
 
 
 def available_backends(device: torch.device | str = "cpu") -> list[str]:
-    """The backends that can run on `device` here."""
-    found = ["torch"]
-    if torch.device(device).type == "cuda" and _flash_varlen() is not None:
-        found.insert(0, "flash")
-    return found
-
-
-def select_backend(device: torch.device | str = "cpu") -> str:
-    """The backend `focus.attention.fast_path` pins ("flash" or "torch"), else the fastest available on `device`
-    (flash-attn on CUDA when installed)."""
-    pinned = current_fast_path()
-    return pinned if pinned in BACKENDS else available_backends(device)[0]
-
-
-@functools.cache
-def _flash_varlen():
-    try:
-        from flash_attn import flash_attn_varlen_func
-    except ImportError:
-        return None
-    return flash_attn_varlen_func
+    """The backends that can run every call on `device` here ("native" takes only query-routed calls on the CPU)."""
+    return ["flash", "torch"] if torch.device(device).type == "cuda" and flash_attn_installed() else ["torch"]
 
 
 def decomposed_hard_attention(
@@ -91,7 +71,6 @@ def decomposed_hard_attention(
     block: int = 64,
     query_groups: torch.Tensor | None = None,
     chunk: int = 64,
-    native: bool = False,
 ) -> torch.Tensor:
     """Hard Focus attention of a full sequence (queries = keys, causal), decomposed.
 
@@ -102,30 +81,29 @@ def decomposed_hard_attention(
         valid: (B, L) bool, False for padding; None when nothing is padded.
         sinks: (B or 1, L) bool sink keys (every group holds them); None for none.
         scaling: softmax scale (default D ** -0.5).
-        backend: "flash" or "torch"; default `select_backend`.
+        backend: "flash", "torch" or "native" (with `query_groups`: see the module docstring); default
+            `focus.attention.planning.decomposition_backend`'s.
         block: query block length of the local part.
         query_groups: (B, H, L, k) long, each query head's own groups (`route_queries="query"`), or (B, K, L, k),
             the groups that the query heads of each key/value head share (`"kv_head"`); None: a query takes its
             token's key groups, `groups`.
         chunk: queries per kernel row block of the group part when `query_groups` is given ("torch" backend).
-        native: with `query_groups` ("torch" backend, CPU), the band and the rectangles as native calls
-            (`focus.attention.native`; built on first use, as `FocusCache(native=True)` builds its step).
 
     Returns:
         (B, H, L, D) in the dtype of `query`; rows of padding queries are zero.
     """
     b, h, length, d = query.shape
     scaling = d**-0.5 if scaling is None else scaling
-    backend = backend or select_backend(query.device)
+    backend = backend or decomposition_backend(query.device.type)
     if valid is None:
         valid = torch.ones(b, length, dtype=torch.bool, device=query.device)
     sinks = torch.zeros_like(valid) if sinks is None else sinks.expand(b, length) & valid
-    native = native and query_groups is not None and backend == "torch" and d <= NATIVE_MAX_DIM
-    if native:
+    if backend == "native":
+        if query_groups is None:
+            raise ValueError("the native decomposition takes query-routed calls (query_groups)")
         with label("focus/decomposed_native"):
             out = native_routed_prefill(query, key, value, query_groups, groups, window, valid, sinks, scaling)
-        if out is not None:
-            return out.to(query.dtype)
+        return out.to(query.dtype)
     key_band, value_band = key, value
     if query_groups is not None and query_groups.shape[1] != key.shape[1]:
         # Each query head has a pattern of its own: run it as a key/value head of its own, keys repeated.
@@ -137,34 +115,27 @@ def decomposed_hard_attention(
     groups_q = groups if query_groups is None else query_groups.sort(dim=-1)[0]
 
     q = query.view(b, k_heads, r, length, d)  # (B, K, R, L, D)
-    merge = _merge
     if query_groups is not None and backend == "torch":
         # Queries and keys of a segment differ: attend queries to keys (a rectangle), not their union to itself.
-        # The window's pairs all go to the band (no group test there); the rectangles take the distant ones.
-        merge = native_merge if native else _merge
+        # The window's pairs all go to the band (no group test there); the rectangles take the distant ones, a pair
+        # sharing two groups three times, signed (inclusion-exclusion).
         with label("focus/decomposed_local"):
-            band = native_band_part(query, key_band, value_band, window, valid, scaling) if native else None
-            local_out, local_lse = band or _band_part(query, key_band, value_band, window, valid, block, scaling)
+            local_out, local_lse = band_part(query, key_band, value_band, window, valid, block, scaling)
             local_out = local_out.view(b, k_heads, r, length, d)
             local_lse = local_lse.view(b, k_heads, r, length)
         with label("focus/decomposed_sort"):
-            # The native kernel takes each pair once (a row skips the keys holding a smaller group of its own); the
-            # eager calls take the inclusion-exclusion subsets (a pair sharing two groups three times, signed).
-            entries, key_rows = rectangle_entries(groups_q, groups, valid, sinks, once=native)
+            entries, key_rows = rectangle_entries(groups_q, groups, valid, sinks)
         with label("focus/decomposed_groups"):
-            if native:
-                entries, seg_out, seg_lse = native_rectangle_part(q, key, value, entries, key_rows, scaling, window)
-            else:
-                entries, seg_out, seg_lse = rectangle_part(q, key, value, entries, key_rows, scaling, chunk, window)
+            entries, seg_out, seg_lse = rectangle_part(q, key, value, entries, key_rows, scaling, chunk, window)
     else:
         with label("focus/decomposed_local"):
-            local_out, local_lse = _local_part(q, key, value, groups_q, groups, window, valid, sinks, scaling, block)
+            local_out, local_lse = local_part(q, key, value, groups_q, groups, window, valid, sinks, scaling, block)
         with label("focus/decomposed_sort"):
             entries = _group_entries(groups_q, groups, valid, sinks)
         with label("focus/decomposed_groups"):
             seg_out, seg_lse = _group_part(q, key, value, entries, scaling, backend)
     with label("focus/decomposed_merge"):
-        out = merge(local_out, local_lse, seg_out, seg_lse, entries, valid)  # (B, K, R, L, D)
+        out = _merge(local_out, local_lse, seg_out, seg_lse, entries, valid)  # (B, K, R, L, D)
     return out.reshape(b, h, length, d).to(query.dtype)
 
 
@@ -309,120 +280,15 @@ def _segments_flash(packed_q, packed_k, packed_v, lengths: list[int], scaling: f
     flash-attn takes (total, heads, D) rows with cumulative segment offsets, handles the R query heads per key
     head itself, and returns the log-sum-exp as (heads, total).
     """
-    flash_varlen = _flash_varlen()
+    from flash_attn import flash_attn_varlen_func  # (the plan asks for "flash" only where it imports)
+
     offsets = torch.tensor([0] + lengths, device=packed_q.device).cumsum(0).to(torch.int32)
     dtype = packed_q.dtype if packed_q.dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
-    out, lse, _ = flash_varlen(
+    out, lse, _ = flash_attn_varlen_func(
         packed_q.to(dtype), packed_k[:, None].to(dtype), packed_v[:, None].to(dtype), offsets, offsets,
         max(lengths), max(lengths), dropout_p=0.0, softmax_scale=scaling, causal=True, return_attn_probs=True,
     )
     return out.float(), lse.transpose(0, 1).float()  # (N, R, D), (N, R)
-
-
-# ---- local part ------------------------------------------------------------------------------------------------
-
-
-def _local_part(q, key, value, groups_q, groups, window, valid, sinks, scaling, block, blocks_per_call: int = 32):
-    """Pairs with 0 <= i - j < window that share no group (the query's `groups_q`, the key's `groups`), j not a sink:
-    outputs (B, K, R, L, D) fp32 and log-sum-exp (B, K, R, L) (-inf where a query has no such pair).
-
-    Queries go in blocks of `block`; each block sees the `block + window - 1` keys it can reach, with the band
-    and group exclusions as an additive mask (cheap: the band is thin). Many blocks share one fused kernel call
-    as a batch, so Python overhead stays per `blocks_per_call` blocks.
-    """
-    b, k_heads, r, length, d = q.shape
-    pad, n_blocks = window - 1, -(-length // block)
-    span, tail = block + pad, n_blocks * block - length
-    q_pad = F.pad(q, (0, 0, 0, tail))  # (B, K, R, n*block, D)
-    q_blocks = q_pad.view(b, k_heads, r, n_blocks, block, d).permute(0, 1, 3, 2, 4, 5)  # (B, K, n, R, block, D)
-    # Keys padded in front by window - 1 so block i's keys are the plain slice [i*block, i*block + span).
-    k_blocks = F.pad(key, (0, 0, pad, tail)).unfold(2, span, block).transpose(-1, -2)  # (B, K, n, span, D)
-    v_blocks = F.pad(value, (0, 0, pad, tail)).unfold(2, span, block).transpose(-1, -2)
-    g_keys = F.pad(groups, (0, 0, pad, tail), value=-1).unfold(2, span, block).transpose(-1, -2)  # (B,K,n,span,k)
-    g_queries = F.pad(groups_q, (0, 0, 0, tail), value=-2).view(b, k_heads, n_blocks, block, -1)
-    keyable = F.pad(valid & ~sinks, (pad, tail), value=False).unfold(1, span, block)  # (B, n, span)
-    members_q = members_k = None
-    if groups.shape[-1] > 1 and max(int(groups.max()), int(groups_q.max())) < GROUP_BITS:
-        bits = (1 << groups.clamp_min(0)).sum(dim=-1)  # (B, K, L) int64: bit g set for each group g of the token
-        bits_q = bits if groups_q is groups else (1 << groups_q.clamp_min(0)).sum(dim=-1)
-        members_q = F.pad(bits_q, (0, tail)).view(b, k_heads, n_blocks, block)
-        members_k = F.pad(bits, (pad, tail)).unfold(2, span, block)  # (B, K, n, span); padding: no bits
-    distance = torch.arange(block, device=q.device)[:, None] + pad - torch.arange(span, device=q.device)[None, :]
-    band = (distance >= 0) & (distance < window)  # (block, span): i - j in [0, window)
-
-    kernel = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    out = torch.empty(b, k_heads, n_blocks, r, block, d, dtype=torch.float32, device=q.device)
-    lse = torch.empty(b, k_heads, n_blocks, r, block, dtype=torch.float32, device=q.device)
-    for first in range(0, n_blocks, blocks_per_call):
-        part = slice(first, min(first + blocks_per_call, n_blocks))
-        n = part.stop - part.start
-        if members_q is not None:  # top-k > 1: one AND of group bitmasks per pair
-            shared = (members_q[:, :, part, :, None] & members_k[:, :, part, None, :]) != 0
-        elif groups.shape[-1] == 1:
-            shared = g_queries[:, :, part, :, None, 0] == g_keys[:, :, part, None, :, 0]
-        else:  # group ids from GROUP_BITS on: compare every (query group, key group) pair
-            shared = (g_queries[:, :, part, :, None, :, None] == g_keys[:, :, part, None, :, None, :]).flatten(-2)
-            shared = shared.any(-1)
-        allowed = band & ~shared & keyable[:, None, part, None, :]  # (B, K, n, block, span)
-        mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill_(~allowed, float("-inf"))
-        rows = b * k_heads * n
-        q_part = q_blocks[:, :, part].reshape(rows, r, block, d)
-        k_part = k_blocks[:, :, part].reshape(rows, 1, span, d).expand(rows, r, span, d)
-        v_part = v_blocks[:, :, part].reshape(rows, 1, span, d).expand(rows, r, span, d)
-        if q.device.type == "cpu":
-            blk_out, blk_lse = kernel(q_part, k_part, v_part, 0.0, False, attn_mask=mask.view(rows, 1, block, span),
-                                      scale=scaling)
-        else:
-            blk_out, blk_lse = masked_with_lse(q_part, k_part, v_part, mask.view(rows, 1, block, span), scaling)
-        # The kernel returns LSE 0 and output 0 for a row with no allowed key: mark those rows empty.
-        empty = ~allowed.any(dim=-1).view(rows, 1, block)
-        out[:, :, part] = blk_out.float().view(b, k_heads, n, r, block, d)
-        lse[:, :, part] = blk_lse.float().masked_fill(empty, float("-inf")).view(b, k_heads, n, r, block)
-    out = out.permute(0, 1, 3, 2, 4, 5).reshape(b, k_heads, r, n_blocks * block, d)[:, :, :, :length]
-    lse = lse.permute(0, 1, 3, 2, 4).reshape(b, k_heads, r, n_blocks * block)[:, :, :, :length]
-    return out, lse
-
-
-def _band_part(query, key, value, window: int, valid, block: int, scaling: float, blocks_per_call: int = 32):
-    """Every pair with 0 <= i - j < window (j a real token): outputs (B, H, L, D) fp32 and log-sum-exp (B, H, L).
-
-    The band of the rectangle form: no group test (the rectangles take only pairs at least `window` apart), so one
-    (block, span) mask serves every head, and the query heads of a key/value head share its keys. Queries go in blocks
-    of `block`; a block sees the `block + window - 1` keys it can reach.
-    """
-    b, h, length, d = query.shape
-    k_heads = key.shape[1]
-    r = h // k_heads
-    pad, n_blocks = window - 1, -(-length // block)
-    span, tail = block + pad, n_blocks * block - length
-    q_blocks = F.pad(query, (0, 0, 0, tail)).view(b, h, n_blocks, block, d).transpose(1, 2)  # (B, n, H, block, D)
-    k_blocks = F.pad(key, (0, 0, pad, tail)).unfold(2, span, block).permute(0, 2, 1, 4, 3)  # (B, n, K, span, D)
-    v_blocks = F.pad(value, (0, 0, pad, tail)).unfold(2, span, block).permute(0, 2, 1, 4, 3)
-    keyable = F.pad(valid, (pad, tail), value=False).unfold(1, span, block)  # (B, n, span)
-    distance = torch.arange(block, device=query.device)[:, None] + pad - torch.arange(span, device=query.device)
-    band = (distance >= 0) & (distance < window)  # (block, span)
-    kernel = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    out = torch.empty(b, n_blocks, h, block, d, dtype=torch.float32, device=query.device)
-    lse = torch.empty(b, n_blocks, h, block, dtype=torch.float32, device=query.device)
-    for first in range(0, n_blocks, blocks_per_call):
-        part = slice(first, min(first + blocks_per_call, n_blocks))
-        rows = b * (part.stop - part.start)
-        allowed = band & keyable[:, part, None, :]  # (B, n, block, span)
-        mask = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device).masked_fill_(~allowed, float("-inf"))
-        q_part = q_blocks[:, part].reshape(rows, h, block, d)
-        k_part = k_blocks[:, part, :, None].expand(-1, -1, -1, r, -1, -1).reshape(rows, h, span, d)
-        v_part = v_blocks[:, part, :, None].expand(-1, -1, -1, r, -1, -1).reshape(rows, h, span, d)
-        mask = mask.view(rows, 1, block, span)
-        if query.device.type == "cpu":
-            blk_out, blk_lse = kernel(q_part, k_part, v_part, 0.0, False, attn_mask=mask, scale=scaling)
-        else:
-            blk_out, blk_lse = masked_with_lse(q_part, k_part, v_part, mask, scaling)
-        empty = ~allowed.any(dim=-1).view(rows, 1, block)
-        out[:, part] = blk_out.float().view(b, -1, h, block, d)
-        lse[:, part] = blk_lse.float().masked_fill(empty, float("-inf")).view(b, -1, h, block)
-    out = out.transpose(1, 2).reshape(b, h, n_blocks * block, d)[:, :, :length]
-    lse = lse.transpose(1, 2).reshape(b, h, n_blocks * block)[:, :, :length]
-    return out, lse
 
 
 # ---- merge -----------------------------------------------------------------------------------------------------

@@ -2,9 +2,10 @@
 
 transformers hands it the layer module, the projected (and rotary-embedded) heads and the mask its
 registered mask function built; everything Focus needs (config, centroids, balance bias) sits on the
-module, put there by `apply_focus`. Routing is `focus.attention.routing`'s; this module chooses the path
-that computes the pattern (unmodified, soft, hard: dense masked, decomposed, or a decoding step), and where a query
-attends as the unmodified model does instead (`FocusConfig.dense_below`, `_dense_rows`).
+module, put there by `apply_focus`. Each call reads its facts (`call_facts`), asks for its plan
+(`focus.attention.planning`: unmodified, soft or hard; which router, which kernel) and executes it: routing is
+`focus.attention.routing`'s, the kernels are `reference`'s, `decomposed`'s, `decoding`'s and `native`'s. Where a
+query attends as the unmodified model does instead: `FocusConfig.dense_below`, `_dense_rows`.
 """
 
 from __future__ import annotations
@@ -14,17 +15,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from focus.attention.decoding import (
-    GroupIndex,
-    index_new_keys,
-    masked_decode_attention,
-    sparse_decode_attention,
-    take_cache_index,
-)
+from focus.attention.decoding import index_new_keys, masked_decode_attention, sparse_decode_attention, take_cache_index
 from focus.attention.decomposed import decomposed_hard_attention
-from focus.attention.fast_path import current_fast_path
+from focus.attention.group_index import GroupIndex
 from focus.attention.labels import label
 from focus.attention.native import ROUTE_QUERIES, kernels
+from focus.attention.planning import CallFacts, Plan, plan
 from focus.attention.recall import LOSSES_ATTRIBUTE, recall_loss
 from focus.attention.reference import (
     causal_pairs,
@@ -48,7 +44,6 @@ from focus.attention.routing import (
     step_groups,
     top_k_groups,
 )
-from focus.attention.step_cost import NATIVE_STEP_BELOW, sparse_step_pays
 from focus.config import FocusConfig
 
 FOCUS_ATTENTION = "focus"
@@ -76,22 +71,6 @@ class AttentionCall:
         return unmodified_attention(self.query, self.key, self.value, self.base_mask, self.scaling, self.dropout,
                                     self.softcap)
 
-    def fast_path_applies(self) -> bool:
-        """Whether a fast path (decomposition, sparse decoding step) can compute this call: one is switched on
-        (`focus.attention.fast_path`), no gradient, and a model mask that is only causal plus padding (no
-        soft-capping, no model window shorter than the keys)."""
-        return (
-            current_fast_path() != "dense"
-            and self.softcap is None
-            and self.dropout == 0.0
-            and (self.sliding_window is None or self.sliding_window >= self.key.shape[-2])
-            and not (torch.is_grad_enabled() and (self.query.requires_grad or self.key.requires_grad))
-        )
-
-    def decomposable(self) -> bool:
-        """Whether the decomposition computes this call: a whole sequence (no cached past) on a fast path."""
-        return self.query.shape[-2] == self.key.shape[-2] and self.fast_path_applies()
-
 
 def focus_attention(
     module: nn.Module,
@@ -114,53 +93,35 @@ def focus_attention(
 
 
 def _attend(module, query, key, value, attention_mask, scaling, dropout, softcap, **kwargs) -> torch.Tensor:
-    """`focus_attention`'s output, (B, H, Q, D)."""
+    """`focus_attention`'s output, (B, H, Q, D): the call's plan (`focus.attention.planning`), executed."""
     config: FocusConfig = module.focus_config
-    q_len, k_len = query.shape[-2], key.shape[-2]
+    k_len = key.shape[-2]
     base_mask = None if attention_mask is None else attention_mask[..., :k_len]
     call = AttentionCall(query, key, value, base_mask, scaling, dropout, softcap, kwargs.get("sliding_window"))
     trace = getattr(module, TRACE_ATTRIBUTE, None)
     index = take_cache_index(module)  # a FocusCache's group index of this layer's cached keys, or None
-    dense_rows = _dense_rows(module, q_len, k_len)  # the first queries, below `dense_below`: the model's attention
-    all_dense = dense_rows == q_len
-    if index is not None:
-        past = k_len - q_len
-        step = (q_len == 1 and config.mode == "hard" and trace is None and config.window < k_len
-                and call.fast_path_applies())
-        if step and not all_dense and _native_step_applies(config, index, past, query):
-            with label("focus/native_step"):
-                return _native_decoding_step(module, call, index, kwargs.get("position_ids"))
-        arrived = (key if config.route_on == "key" else value)[:, :, past:]
-        arrived_positions = key_positions(kwargs.get("position_ids"), k_len, key.device, first=past)
-        valid = None if base_mask is None else base_mask.any(dim=-2)[:, 0, past:]
-        native_prompt = not (step or all_dense) and trace is None and _native_prompt_applies(config, call, index)
-        with label("focus/index_new_keys"):  # labels for torch.profiler (benchmarks/profile_focus.py)
-            if step:  # the new key and the query heads routed in one pass
-                key_groups, query_groups = step_groups(module, query, arrived, arrived_positions)
-            elif native_prompt:  # keys and queries routed natively, the queries kept for the prompt's attention
-                key_groups, routed = route_prompt_natively(module, query, arrived, base_mask, arrived_positions)
-            else:
-                key_groups = cache_key_groups(module, routing_vectors(module, arrived, arrived_positions))
-            index_new_keys(index, key_groups, past, valid)
-        if step and not all_dense:
-            return _decoding_step(module, call, index, query_groups)
-        if native_prompt:
-            with label("focus/hard_attention"):
-                return _with_dense_rows(_hard_attention(config, call, routed, index), call, dense_rows)
-    if all_dense and trace is None:  # (a cache has indexed its keys all the same, for the queries Focus will take)
+    chosen = plan(config, call_facts(module, call, index, trace is not None))
+    position_ids = kwargs.get("position_ids")
+    if chosen.kernel == "native_step":
+        with label("focus/native_step"):
+            return _native_decoding_step(module, call, index, position_ids)
+    step_query_groups = routed = None
+    if index is not None:  # the cache's index takes the new keys' groups, whatever computes this call
+        step_query_groups, routed = _index_new_keys(module, call, index, chosen, position_ids)
+    if chosen.kernel in ("masked_step", "sparse_step"):
+        return _decoding_step(module, call, index, step_query_groups, chosen.kernel)
+    if chosen.attention == "unmodified" and trace is None:
         return call.unmodified()
-    positions = key_positions(kwargs.get("position_ids"), k_len, key.device)
-    if config.window >= k_len and trace is None:
-        return call.unmodified()  # every pair the model allows is local: Focus is the model's own attention
-    key_vectors = routing_vectors(module, key if config.route_on == "key" else value, positions)
-    if trace is not None:
-        trace.append(layer_routing_logits(module, key_vectors))
-    if config.window >= k_len:
-        return call.unmodified()
-
-    with label("focus/route"):
-        routed = route_call(module, query, key_vectors, base_mask, positions)
-    if config.objective == "attention_recall" and centroids_training(module):
+    if routed is None:  # (a native prompt's routing came with its index)
+        positions = key_positions(position_ids, k_len, key.device)
+        key_vectors = routing_vectors(module, key if config.route_on == "key" else value, positions)
+        if trace is not None:
+            trace.append(layer_routing_logits(module, key_vectors))
+        if chosen.attention == "unmodified":
+            return call.unmodified()
+        with label("focus/route"):
+            routed = route_call(module, query, key_vectors, base_mask, positions)
+    if chosen.attention == "attention_recall":
         # Training for recall: the layer attends as the pretrained model does, and scores its routing against that.
         loss = recall_loss(query, key, routed.query_log_assign, routed.key_log_assign, config.window, base_mask,
                            routed.sinks, scaling, softcap)
@@ -170,16 +131,61 @@ def _attend(module, query, key, value, attention_mask, scaling, dropout, softcap
                                "objective=focus.train.objective.focus_objective(model)")
         kept.append(loss)
         return call.unmodified()
-    if config.objective == "straight_through" and centroids_training(module):
+    if chosen.attention == "straight_through":
         # The hard model's forward pass, the soft gate's gradient: out = soft + (hard - soft), the difference detached.
         soft = _soft_attention(config, call, routed)
         with torch.no_grad():
-            hard = _hard_attention(config, call, routed)
+            hard = _hard_attention(config, call, routed, chosen.kernel)
         return soft + (hard - soft).detach()
-    if config.mode == "soft":
-        return _with_dense_rows(_soft_attention(config, call, routed), call, dense_rows)
+    if chosen.attention == "soft":
+        return _with_dense_rows(_soft_attention(config, call, routed), call, chosen.dense_rows)
     with label("focus/hard_attention"):
-        return _with_dense_rows(_hard_attention(config, call, routed, index), call, dense_rows)
+        return _with_dense_rows(_hard_attention(config, call, routed, chosen.kernel, index), call, chosen.dense_rows)
+
+
+def call_facts(module: nn.Module, call: AttentionCall, index: GroupIndex | None, traced: bool) -> CallFacts:
+    """The facts of one call that its plan depends on (`focus.attention.planning.CallFacts`)."""
+    query, key = call.query, call.key
+    q_len, k_len = query.shape[-2], key.shape[-2]
+    current = left_padded = True
+    if index is not None:
+        current = index.length == k_len - q_len and index.sinks_found
+        if index.native and q_len == k_len and call.base_mask is not None:  # (only the native prefill asks)
+            valid = call.base_mask.any(dim=-2)[:, 0]
+            left_padded = bool((valid[:, 1:] >= valid[:, :-1]).all())  # no real token before a padding one
+    return CallFacts(
+        queries=q_len, keys=k_len, heads=query.shape[1], k_heads=key.shape[1], head_dim=query.shape[-1],
+        device=query.device.type, cache="none" if index is None else "native" if index.native else "eager",
+        index_current=current, left_padded=left_padded,
+        gradients=torch.is_grad_enabled() and (query.requires_grad or key.requires_grad),
+        training=centroids_training(module), traced=traced, softcap=call.softcap is not None,
+        dropout=call.dropout != 0.0, model_window=call.sliding_window, dense_rows=_dense_rows(module, q_len, k_len),
+    )
+
+
+def _index_new_keys(
+    module: nn.Module, call: AttentionCall, index: GroupIndex, chosen: Plan, position_ids: torch.Tensor | None
+) -> tuple[torch.Tensor | None, Routed | None]:
+    """Route the call's new keys into the cache's index, as the plan's router does. Returns the query heads' groups
+    (B, H, top_k) of a decoding step (routed in the same pass) and the `Routed` of a natively routed prompt (its
+    queries' groups kept for its attention), each None where the plan has none."""
+    config: FocusConfig = module.focus_config
+    query, key = call.query, call.key
+    k_len = key.shape[-2]
+    past = k_len - query.shape[-2]
+    arrived = (key if config.route_on == "key" else call.value)[:, :, past:]
+    arrived_positions = key_positions(position_ids, k_len, key.device, first=past)
+    valid = None if call.base_mask is None else call.base_mask.any(dim=-2)[:, 0, past:]
+    query_groups = routed = None
+    with label("focus/index_new_keys"):  # labels for torch.profiler (benchmarks/profile_focus.py)
+        if chosen.kernel in ("masked_step", "sparse_step"):  # the new key and the query heads routed in one pass
+            key_groups, query_groups = step_groups(module, query, arrived, arrived_positions)
+        elif chosen.router == "native":  # keys and queries routed natively, the queries kept for the prompt
+            key_groups, routed = route_prompt_natively(module, query, arrived, call.base_mask, arrived_positions)
+        else:
+            key_groups = cache_key_groups(module, routing_vectors(module, arrived, arrived_positions))
+        index_new_keys(index, key_groups, past, valid)
+    return query_groups, routed
 
 
 def _dense_rows(module: nn.Module, q_len: int, k_len: int) -> int:
@@ -219,23 +225,21 @@ def _soft_attention(config: FocusConfig, call: AttentionCall, routed: Routed) ->
 
 
 def _hard_attention(
-    config: FocusConfig, call: AttentionCall, routed: Routed, index: GroupIndex | None = None
+    config: FocusConfig, call: AttentionCall, routed: Routed, kernel: str, index: GroupIndex | None = None
 ) -> torch.Tensor:
-    """Hard Focus (B, H, Q, D): the window, the sinks and the keys of the query's top-k groups."""
+    """Hard Focus (B, H, Q, D) by the plan's `kernel`: the window, the sinks, the keys of the query's top-k groups."""
     q_len, k_len = call.query.shape[-2], call.key.shape[-2]
     # A FocusCache's index holds every cached key's groups, assigned once: the whole generation sees one.
     groups = top_k_groups(routed.key_log_assign, config.top_k) if index is None else index.groups(k_len).clamp_min(0)
     query_groups = routed.query_groups
     if query_groups is None and config.route_queries != "key":
         query_groups = top_k_groups(routed.query_log_assign, config.top_k)
-    if call.decomposable():
+    if kernel.startswith("decomposed_"):
         if config.route_queries == "kv_head" and query_groups.shape[1] == call.query.shape[1]:
             # The query heads of a key/value head share its groups: one copy (native routing gives one already).
             query_groups = query_groups[:, :: call.query.shape[1] // call.key.shape[1]]
-        # A FocusCache that runs native steps runs the prefill's band and rectangles natively too
-        # (`focus.attention.native.native_routed_prefill`).
-        native = index is not None and index.native and call.query.device.type == "cpu"
-        return _decomposed_with_dense_heads(config, call, routed, groups, query_groups, native)
+        backend = kernel.removeprefix("decomposed_")
+        return _decomposed_with_dense_heads(config, call, routed, groups, query_groups, backend)
     allowed = hard_allowed(
         groups[:, :, k_len - q_len :] if query_groups is None else query_groups, groups, config.num_groups,
         config.window, call.base_mask, routed.sinks, routed.dense,
@@ -246,49 +250,27 @@ def _hard_attention(
 
 
 def _decoding_step(
-    module: nn.Module, call: AttentionCall, index: GroupIndex, query_groups: torch.Tensor
+    module: nn.Module, call: AttentionCall, index: GroupIndex, query_groups: torch.Tensor, kernel: str
 ) -> torch.Tensor:
     """One decoding step (a query token per row) with the cache's group index: (B, H, 1, D), `query_groups`
-    (B, H, top_k) those of its query heads. Under the hard mask over every cached key, or through the group lists
-    where that pays (`sparse_step_pays`): the same output."""
+    (B, H, top_k) those of its query heads. `kernel` "masked_step": under the hard mask over every cached key;
+    "sparse_step": through the group lists. The same output."""
     config: FocusConfig = module.focus_config
     query, key = call.query, call.key
     heads, k_heads, k_len = query.shape[1], key.shape[1], key.shape[2]
     dense = dense_heads(module, k_heads, key.device)
-    routing_heads = k_heads if config.route_queries == "kv_head" else heads
-    if index.key_bits is not None and not sparse_step_pays(config.num_groups, config.top_k, routing_heads, k_heads,
-                                                           k_len):
+    if kernel == "masked_step":
         with label("focus/masked_step"):
             base_mask = None if call.base_mask is None else call.base_mask[:, :, -1:]
             return masked_decode_attention(query, key, call.value, index, query_groups, config.window, base_mask,
                                            call.scaling, dense)
     window_valid = None if call.base_mask is None else call.base_mask[:, 0, -1, max(k_len - config.window, 0) :]
     with label("focus/sparse_step"):
-        if routing_heads != heads:  # the query heads of a key/value head share its groups: read them once
+        if config.route_queries == "kv_head":  # the query heads of a key/value head share its groups: read them once
             query_groups = query_groups[:, :: heads // k_heads]
         out = sparse_decode_attention(query, key, call.value, index, query_groups, config.window, window_valid,
                                       call.scaling)
     return _with_dense_heads(out, call, dense)
-
-
-def _native_step_applies(config: FocusConfig, index: GroupIndex, past: int, query: torch.Tensor) -> bool:
-    """Whether this decoding step runs as one native call (`focus.attention.native`): its cache asked for it,
-    the step runs on the CPU, below `NATIVE_STEP_BELOW` keys or where the sparse step would not pay anyway, and the
-    index needs nothing but the new key (no cropped cache to rebuild, every row's sink tokens already seen)."""
-    if not (index.native and query.device.type == "cpu" and index.key_bits is not None and index.length == past
-            and index.sinks_found):
-        return False
-    k_heads = index.key_bits.shape[1]
-    routing_heads = k_heads if config.route_queries == "kv_head" else query.shape[1]
-    return past + 1 < NATIVE_STEP_BELOW or not sparse_step_pays(config.num_groups, config.top_k, routing_heads,
-                                                                k_heads, past + 1)
-
-
-def _native_prompt_applies(config: FocusConfig, call: AttentionCall, index: GroupIndex) -> bool:
-    """Whether a prompt routes natively (`route_prompt_natively`): its cache runs native steps on the CPU, and the whole
-    prompt goes through the query-routed decomposition in hard mode (which then runs natively too)."""
-    return (index.native and call.query.device.type == "cpu" and config.mode == "hard"
-            and config.route_queries != "key" and config.window < call.key.shape[-2] and call.decomposable())
 
 
 def _native_decoding_step(
@@ -315,14 +297,15 @@ def _native_decoding_step(
 
 def _decomposed_with_dense_heads(
     config: FocusConfig, call: AttentionCall, routed: Routed, groups: torch.Tensor, query_groups: torch.Tensor | None,
-    native: bool = False,
+    backend: str,
 ) -> torch.Tensor:
     """A whole sequence's hard Focus (B, H, L, D) by the decomposition, on the sparse heads only: the dense key/value
-    heads (`FocusConfig.dense_heads`) and their query heads take the model's own attention instead."""
+    heads (`FocusConfig.dense_heads`) and their query heads take the model's own attention instead. `backend`: "torch",
+    "flash" or "native" (`decomposed_hard_attention`)."""
     dense = routed.dense
     if dense is None:
         return decomposed_hard_attention(call.query, call.key, call.value, groups, config.window, routed.valid,
-                                         routed.sinks, call.scaling, query_groups=query_groups, native=native)
+                                         routed.sinks, call.scaling, backend, query_groups=query_groups)
     r = call.query.shape[1] // call.key.shape[1]
     sparse_kv = (~dense).nonzero().squeeze(1)
     sparse_q = (sparse_kv[:, None] * r + torch.arange(r, device=dense.device)).flatten()
@@ -331,9 +314,8 @@ def _decomposed_with_dense_heads(
     if sparse_kv.numel():
         out[:, sparse_q] = decomposed_hard_attention(
             call.query[:, sparse_q], call.key[:, sparse_kv], call.value[:, sparse_kv], groups[:, sparse_kv],
-            config.window, routed.valid, routed.sinks, call.scaling,
+            config.window, routed.valid, routed.sinks, call.scaling, backend,
             query_groups=None if query_groups is None else query_groups[:, sparse_q if per_query_head else sparse_kv],
-            native=native,
         )
     return _with_dense_heads(out, call, dense)
 

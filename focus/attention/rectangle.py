@@ -4,7 +4,7 @@ With `route_queries="query"` a segment of subset T has two sides, the queries ho
 queries go in chunks; a chunk sees the segment's keys at least a window before its first query (all of them: no
 mask, and chunks whose prefixes are equally long share one fused kernel call, unpadded) and a thin band of keys up to
 a window before its last query (that cut as an additive mask); the pairs nearer than the window are the band's
-(`decomposed._band_part`). Every part returns its log-sum-exp, so `decomposed._merge` sums them exactly.
+(`band.band_part`). Every part returns its log-sum-exp, so `decomposed._merge` sums them exactly.
 """
 
 from __future__ import annotations

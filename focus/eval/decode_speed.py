@@ -15,7 +15,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from focus.attention.decoding import FocusCache, GroupIndex, masked_decode_attention, sparse_decode_attention
+from focus.attention.decoding import FocusCache, masked_decode_attention, sparse_decode_attention
+from focus.attention.group_index import GroupIndex
 from focus.eval.speed import balanced_groups, interleaved_seconds
 
 

@@ -16,7 +16,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from focus.attention.decomposed import decomposed_hard_attention, pair_counts, select_backend
+from focus.attention.decomposed import decomposed_hard_attention, pair_counts
+from focus.attention.planning import decomposition_backend
 from focus.attention.routing import sink_keys
 
 
@@ -105,7 +106,7 @@ def attention_rows(
             row = {
                 "length": length, "heads": heads, "head_dim": head_dim, "dtype": str(dtype).removeprefix("torch."),
                 "groups": num_groups, "window": window, "top_k": top_k, "routing": routing,
-                "backend": select_backend(device),
+                "backend": decomposition_backend(torch.device(device).type),
                 "full_sdpa_s": full_s, "flash_attn_s": flash_s, "focus_s": focus_s,
                 "speedup": full_s / focus_s, "theoretical": full_pairs / focus_pairs,
                 "full_peak_gib": full_mem, "focus_peak_gib": focus_mem,

@@ -20,7 +20,7 @@ The names below are the room's entry points; nothing outside it imports its modu
 """
 
 from focus.attention.native.build import MAX_DIM, ROUTE_QUERIES, build_settings, define_flags, kernels, kernels_built
-from focus.attention.native.prefill import native_band_part, native_merge, native_rectangle_part, native_routed_prefill
+from focus.attention.native.prefill import native_routed_prefill
 
 __all__ = [
     "MAX_DIM",
@@ -29,8 +29,5 @@ __all__ = [
     "define_flags",
     "kernels",
     "kernels_built",
-    "native_band_part",
-    "native_merge",
-    "native_rectangle_part",
     "native_routed_prefill",
 ]

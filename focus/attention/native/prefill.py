@@ -1,8 +1,7 @@
-"""The query-routed prefill's parts as native calls (`csrc/rectangle.cpp`, `csrc/segments.cpp`, `csrc/merge.cpp`):
-what a `FocusCache(model, native=True)` prefill runs on the CPU instead of the eager parts of
-`focus.attention.decomposed`, with the same pairs, the same (output, log-sum-exp) and the same merge.
-`native_routed_prefill` is the whole of it, four calls; the other functions are its parts, and what the eager
-decomposition calls where those four do not apply (group ids from `GROUP_BITS` on, padding not only on the left).
+"""The query-routed prefill as native calls (`csrc/rectangle.cpp`, `csrc/segments.cpp`, `csrc/merge.cpp`): what a
+`FocusCache(model)` prefill runs on the CPU instead of the eager parts of `focus.attention.decomposed`, with the same
+pairs, the same (output, log-sum-exp) and the same merge. `native_routed_prefill` is the whole of it, four calls; the
+plan (`focus.attention.planning`) sends it the calls it takes (group ids below `GROUP_BITS`, padding only on the left).
 
 Each query row reads one contiguous run of keys in place: its segment's keys at least a window before it (the
 rectangles), or its key/value head's keys within the window (the band). The eager parts gather keys into padded
@@ -15,9 +14,7 @@ import torch
 
 from focus.attention.group_bits import GROUP_BITS
 from focus.attention.labels import label
-from focus.attention.native.build import kernels
-from focus.attention.rectangle import KeyRows
-from focus.attention.segments import Entries
+from focus.attention.native.build import MAX_DIM, kernels
 
 
 def native_routed_prefill(query, key, value, groups_q, groups_k, window: int, valid, sinks, scaling: float):
@@ -29,18 +26,20 @@ def native_routed_prefill(query, key, value, groups_q, groups_k, window: int, va
         query (B, H, L, D); key, value (B, K, L, D); groups_q (B, Hq, L, k): each query head's groups (Hq = H), or
         those its key/value head's query heads share (Hq = K); groups_k (B, K, L, k); valid, sinks (B, L) bool.
     Returns:
-        (B, H, L, D) float32, or None where these parts do not apply (group ids from `GROUP_BITS` on, padding not
-        only on the left): the eager parts take those.
+        (B, H, L, D) float32.
+    Raises:
+        ValueError where the kernels do not apply: group ids from `GROUP_BITS` on (they do not fit the segments' group
+        bits), padding not only on the left (a row's keys in the window would not be one run), heads over `MAX_DIM`.
     """
     b, h, length, d = query.shape
     q_heads = groups_q.shape[1]
     r = h // q_heads
+    if d > MAX_DIM:
+        raise ValueError(f"the native prefill takes heads of at most {MAX_DIM}, not {d}")
     if groups_q.numel() and max(int(groups_q.max()), int(groups_k.max())) >= GROUP_BITS:
-        return None
+        raise ValueError(f"the native prefill takes group ids below {GROUP_BITS}")
     with label("focus/native_band"):  # (labels for torch.profiler: benchmarks/profile_focus.py)
         band = native_band_part(query, key, value, window, valid, scaling)
-    if band is None:
-        return None
     ext = kernels()
     with label("focus/native_segments"):
         query_rows, first, count, skip, key_rows, bits = ext.segment_rows(
@@ -56,36 +55,17 @@ def native_routed_prefill(query, key, value, groups_q, groups_k, window: int, va
     return merged.view(b, h, length, d)
 
 
-def native_rectangle_part(q, key, value, entries: Entries, keys: KeyRows, scaling: float, window: int):
-    """`rectangle.rectangle_part` as one native call: each query row of `entries` reads its segment's keys at least
-    `window` before it, in place (rows found through their indexes, no gathered copies), skipping the keys that hold
-    a group of its own below its segment's where `keys` says so (`rectangle_entries(once=True)`). One part per query
-    row: its entry, fp32 output (N, R, D) and log-sum-exp (N, R), -inf for a row that sees no key (it weighs 0 in the
-    merge)."""
-    b, k_heads, r, length, d = q.shape
-    flat_q = q.permute(0, 1, 3, 2, 4).reshape(b * k_heads * length, r, d).contiguous()
-    base = keys.query_order - entries.position  # segment * L: where each row's segment starts in the key order
-    first = torch.searchsorted(keys.order, base)
-    reach = torch.clamp_min(entries.position - window, -1)  # -1: no key (and the search stays in the segment)
-    count = torch.searchsorted(keys.order, base + reach, right=True) - first
-    out, lse = kernels().rectangles(
-        flat_q, key.reshape(-1, d).contiguous(), value.reshape(-1, d).contiguous(), first, count, scaling,
-        entries.head * length + entries.position, keys.head * length + keys.position, keys.query_skip, keys.bits,
-    )
-    return entries, out, lse
-
-
 def native_band_part(query, key, value, window: int, valid: torch.Tensor, scaling: float):
-    """`decomposed._band_part` as one native call: every pair with 0 <= i - j < window (j a real token), outputs
-    (B, H, L, D) fp32 and log-sum-exp (B, H, L) (-inf where a query sees no key). None where padding is not only on
-    the left (a row's keys would not be one run): the eager band takes those."""
+    """`band.band_part` as one native call: every pair with 0 <= i - j < window (j a real token), outputs
+    (B, H, L, D) fp32 and log-sum-exp (B, H, L) (-inf where a query sees no key); padding only on the left (else
+    ValueError: a row's keys would not be one run)."""
     b, h, length, d = query.shape
     k_heads = key.shape[1]
     r = h // k_heads
     padding = (~valid).sum(dim=1)  # (B,) leading padding tokens, if the padding is only leading
     position = torch.arange(length, device=query.device)
     if not torch.equal(valid, position[None] >= padding[:, None]):
-        return None
+        raise ValueError("the native band takes padding only on the left")
     start = torch.maximum(position[None] - window + 1, padding[:, None])  # (B, L) each query's first key
     count = (position[None] + 1 - start).clamp_min(0)  # a padding query reads nothing
     rows = torch.arange(b * k_heads, device=query.device).view(b, k_heads, 1) * length  # (B, K, 1) head offsets
@@ -96,16 +76,3 @@ def native_band_part(query, key, value, window: int, valid: torch.Tensor, scalin
                                         first, count, scaling, None, None, None, None)
     out = out.view(b, k_heads, length, r, d).transpose(2, 3).reshape(b, h, length, d)
     return out, lse.view(b, k_heads, length, r).transpose(2, 3).reshape(b, h, length)
-
-
-def native_merge(local_out, local_lse, seg_out, seg_lse, entries: Entries, valid: torch.Tensor) -> torch.Tensor:
-    """`decomposed._merge` as one native call: every query's band part and its segments' signed parts summed at their
-    common maximum, (B, K, R, L, D) float32, zero for padding queries."""
-    rows = entries.member
-    if not bool(rows.all()):
-        seg_out, seg_lse = seg_out[rows], seg_lse[rows]
-    length = local_out.shape[3]
-    part_row = (entries.head[rows] * length + entries.position[rows]).contiguous()
-    return kernels().merge_parts(local_out.float(), local_lse.float(), seg_out.float().contiguous(),
-                                     seg_lse.float().contiguous(), part_row, entries.sign[rows].long().contiguous(),
-                                     valid.contiguous())

@@ -1,5 +1,5 @@
-// The query-routed prefill's merge as one native call (focus.attention.native.native_merge): each query's band part and
-// the signed parts of its segments summed at their common maximum (decomposed._merge).
+// The query-routed prefill's merge as one native call (the last of focus.attention.native.native_routed_prefill):
+// each query's band part and the signed parts of its segments summed at their common maximum (decomposed._merge).
 //
 // The eager merge gathers, scatters and rescales whole (parts, heads, D) tensors through half a dozen ops and their
 // copies. Here each part is read once: the maxima in one pass, the

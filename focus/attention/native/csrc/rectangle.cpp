@@ -1,5 +1,5 @@
-// The query-routed hard Focus prefill's parts as native calls (focus.attention.native.native_rectangle_part and
-// native_band_part): the rectangles (focus.attention.rectangle) and the band (decomposed._band_part).
+// The query-routed hard Focus prefill's parts as native calls (focus.attention.native.native_routed_prefill and its
+// band, native/prefill.native_band_part): the rectangles (focus.attention.rectangle) and the band (band.band_part).
 //
 // Every query row reads one contiguous run of keys: in a rectangle, the keys of its segment at least a window before
 // it (keys and query rows packed in (segment, position) order); in the band, the keys of its key/value head within

@@ -1,0 +1,95 @@
+"""The plan (`focus.attention.planning`): the one decision of which router and kernel compute a call, what executes,
+and the table docs/attention_plan.md writes of it."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from test_training import tiny_llama
+
+import focus.attention.decomposed
+import focus.attention.function
+from focus import FocusConfig, apply_focus
+from focus.attention import CallFacts, explain, plan
+from focus.attention.decoding import FocusCache
+from focus.attention.fast_path import fast_path
+from focus.attention.planning import KERNELS, SCENARIOS, plan_table
+
+DOCS = Path(__file__).parents[1] / "docs" / "attention_plan.md"
+
+
+def test_the_docs_table_is_the_plans_output():
+    assert DOCS.read_text() == plan_table(), "run: python -m focus.attention > docs/attention_plan.md"
+    assert len(SCENARIOS) == len({situation for situation, *_ in SCENARIOS})
+    kernels_shown = {line.split("`")[1] for line in DOCS.read_text().splitlines() if line.startswith("| ") and "`" in line}
+    assert kernels_shown == set(KERNELS)  # every kernel has a row where it runs
+
+
+def test_explain_reads_a_models_shapes_device_and_config():
+    model = tiny_llama()
+    with pytest.raises(ValueError, match="no Focus layer"):
+        explain(model, keys=32)
+    apply_focus(model, FocusConfig(num_groups=4, window=4, top_k=2, mode="hard", route_queries="kv_head",
+                                   dense_below=16), calibration_ids=torch.randint(0, 128, (2, 32)))
+    assert explain(model, keys=32, cache="native").kernel == "decomposed_native"
+    assert explain(model, keys=32, queries=1, cache="native").kernel == "native_step"
+    assert explain(model, keys=32, queries=1, cache="eager").kernel == "masked_step"
+    assert explain(model, keys=12, queries=1, cache="native").attention == "unmodified"  # below dense_below
+    prompt = explain(model, keys=32)
+    assert (prompt.kernel, prompt.dense_rows) == ("decomposed_torch", 16)
+    assert "its first 16 queries unmodified" in str(prompt)
+    assert explain(model, keys=32, training=True).dense_rows == 0  # rows below dense_below still train
+
+
+def test_a_pinned_flash_path_without_flash_attn_is_planned_as_asked():
+    """The switch pins the backend whatever is installed (the kernel then fails in one line where flash-attn is
+    missing); auto takes flash-attn only where it imports, on CUDA."""
+    config = FocusConfig(mode="hard")
+    with fast_path("flash"):
+        assert plan(config, CallFacts(queries=640, keys=640, device="cuda", flash_attn=False)).kernel == (
+            "decomposed_flash")
+    assert plan(config, CallFacts(queries=640, keys=640, device="cuda", flash_attn=False)).kernel == "decomposed_torch"
+    assert plan(config, CallFacts(queries=640, keys=640, device="cuda", flash_attn=True)).kernel == "decomposed_flash"
+    assert plan(config, CallFacts(queries=640, keys=640, device="cpu", flash_attn=True)).kernel == "decomposed_torch"
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_what_runs_is_the_plan(native, monkeypatch):
+    """generate() through a FocusCache: every call's plan is recorded, and the kernels that ran are counted; each plan's
+    kernel ran exactly as often as it was planned, nothing else ran."""
+    model = tiny_llama()
+    ids = torch.randint(0, 128, (2, 40), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0  # left padding: the native prefill takes it
+    apply_focus(model, FocusConfig(num_groups=4, window=4, top_k=2, mode="hard", route_queries="kv_head"),
+                calibration_ids=ids[:, :32])
+    planned, ran = [], []
+    made = focus.attention.function.plan
+
+    def recording(config, facts):
+        chosen = made(config, facts)
+        planned.append(chosen.kernel)
+        return chosen
+
+    def counting(module, name, kernel):
+        original = getattr(module, name)
+
+        def counted(*args, **kwargs):
+            ran.append(kernel(args, kwargs) if callable(kernel) else kernel)
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, counted)
+
+    monkeypatch.setattr(focus.attention.function, "plan", recording)
+    counting(focus.attention.function, "_native_decoding_step", "native_step")
+    counting(focus.attention.function, "masked_decode_attention", "masked_step")
+    counting(focus.attention.function, "sparse_decode_attention", "sparse_step")
+    counting(focus.attention.function, "decomposed_hard_attention",
+             lambda args, kwargs: "decomposed_" + (args[8] if len(args) > 8 else kwargs["backend"]))
+    with torch.no_grad():
+        model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=6, min_new_tokens=6,
+                       past_key_values=FocusCache(model, native=native))
+    layers = model.config.num_hidden_layers
+    prompt, step = ("decomposed_native", "native_step") if native else ("decomposed_torch", "masked_step")
+    assert planned == [prompt] * layers + [step] * 5 * layers
+    assert ran == planned
