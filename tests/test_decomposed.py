@@ -141,7 +141,8 @@ def test_native_segments_are_the_eager_ones(routing):
         assert torch.equal(key_rows[native], eager_rows[eager]) and torch.equal(bits[native], keys.bits[eager])
 
 
-def check_case(case: str, backend: str, routing: str) -> None:
+def check_case(case: str, backend: str, routing: str, device: str = "cpu", atol: float = 2e-6, rtol: float = 1e-5):
+    """The decomposition of `case` on `device` against the dense reference (float32, on the CPU)."""
     spec = dict(CASES[case])
     window, sink_tokens = spec.pop("window"), spec.pop("sink_tokens")
     pad, empty = spec.pop("pad", 0), spec.pop("empty", ())
@@ -155,10 +156,11 @@ def check_case(case: str, backend: str, routing: str) -> None:
     sinks = sink_keys(valid, valid.shape[1], sink_tokens) if sink_tokens else None
     expected = reference(query, key, value, groups, spec["num_groups"], window, valid, sinks,
                          query_groups=per_query_head)
-    got = decomposed_hard_attention(query, key, value, groups, window, valid, sinks, backend=backend, block=16,
-                                    query_groups=query_groups)
+    moved = [None if t is None else t.to(device) for t in (query, key, value, groups, valid, sinks, query_groups)]
+    got = decomposed_hard_attention(*moved[:4], window, *moved[4:6], backend=backend, block=16,
+                                    query_groups=moved[6]).cpu()
     rows = valid[:, None, :, None].expand_as(got)
-    torch.testing.assert_close(got[rows], expected[rows], atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(got[rows], expected[rows], atol=atol, rtol=rtol)
     assert (got[~rows] == 0).all()
 
 

@@ -7,15 +7,13 @@ Skipped where there is no GPU (this file runs in the default tier and skips)."""
 
 import pytest
 import torch
-from test_decomposed import CASES, inputs, random_groups, reference
+from test_decomposed import check_case
 from test_training import tiny_llama
 
 from focus import FocusConfig, apply_focus, set_focus_mode
 from focus.attention import explain
 from focus.attention.decoding import FocusCache
-from focus.attention.decomposed import decomposed_hard_attention
 from focus.attention.fast_path import fast_path
-from focus.attention.routing import sink_keys
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 CUDA_CASES = ["top1 gqa sinks", "top2 sinks padding", "top3", "head size 64", "head size 128"]
@@ -28,25 +26,8 @@ def test_the_decomposition_on_cuda_matches_the_dense_reference(case, backend, ro
     """flash-attn's segments run in bfloat16: within bfloat16 rounding of the float32 reference."""
     if backend == "flash":
         pytest.importorskip("flash_attn")
-    spec = dict(CASES[case])
-    window, sink_tokens = spec.pop("window"), spec.pop("sink_tokens")
-    pad, empty = spec.pop("pad", 0), spec.pop("empty", ())
-    query, key, value, groups, valid = inputs(**spec, pad=pad, empty=empty)
-    query_groups = per_query_head = None
-    if routing != "key":
-        heads = spec["h"] if routing == "query" else spec["k_heads"]
-        query_groups = random_groups(spec["b"], heads, spec["length"], spec["num_groups"], spec["top_k"],
-                                     torch.Generator().manual_seed(11), empty)
-        per_query_head = query_groups.repeat_interleave(spec["h"] // heads, dim=1)
-    sinks = sink_keys(valid, valid.shape[1], sink_tokens) if sink_tokens else None
-    expected = reference(query, key, value, groups, spec["num_groups"], window, valid, sinks,
-                         query_groups=per_query_head)
-    cuda = [t.cuda() for t in (query, key, value, groups, valid)]
-    got = decomposed_hard_attention(*cuda[:4], window, cuda[4], None if sinks is None else sinks.cuda(),
-                                    backend=backend, query_groups=None if query_groups is None else query_groups.cuda())
-    rows = valid[:, None, :, None].expand_as(got)
     tolerance = dict(atol=2e-2, rtol=2e-2) if backend == "flash" else dict(atol=2e-5, rtol=1e-4)
-    torch.testing.assert_close(got.cpu()[rows], expected[rows], **tolerance)
+    check_case(case, backend, routing, "cuda", **tolerance)
 
 
 @pytest.mark.parametrize("route_queries", ["key", "kv_head"])
@@ -67,3 +48,20 @@ def test_a_focus_model_on_cuda_prefills_and_decodes_as_the_dense_path(route_quer
                                  past_key_values=FocusCache(model), output_logits=True, return_dict_in_generate=True)
         runs.append(torch.stack(out.logits))
     torch.testing.assert_close(runs[0], runs[1], atol=3e-2, rtol=3e-2)
+
+
+def test_flex_attention_on_cuda_is_the_dense_reference():
+    """FlexAttention under Focus's BlockMask, compiled for CUDA (`focus.attention.flex`): its GPU use, one flag away."""
+    from test_flex import case
+
+    from focus.attention.flex import flex_hard_attention, focus_block_mask
+    from focus.attention.reference import causal_pairs, dense_attention, hard_allowed
+
+    query, key, value, key_groups, query_groups, valid, sinks = (t.cuda() for t in case("query"))
+    mask = focus_block_mask(query_groups, key_groups, 20, valid, sinks, heads=6)
+    got = flex_hard_attention(query, key, value, mask, 0.25)
+    base = causal_pairs(300, 300, query.device)[None, None] & valid[:, None, None, :]
+    allowed = hard_allowed(query_groups, key_groups.repeat_interleave(3, dim=1), 8, 20, base, sinks)
+    expected = dense_attention(query, key, value, allowed, None, 0.25)
+    rows = valid[:, None, :, None].expand_as(got)
+    torch.testing.assert_close(got[rows], expected[rows], atol=2e-5, rtol=1e-4)
