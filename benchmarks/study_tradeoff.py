@@ -5,8 +5,8 @@ WikiText-2, from the committed tables (issue 27).
 
 Reads benchmarks/results/study_part{1..4}.csv (the study rule's tables: books validation, WikiText-2 test, pass-key of
 12 trials at 1K and 2K), forgetting_screen_validation.csv (books and WikiText-2 validation, pass-key at 1K-4K),
-no_worse_validation.csv and no_worse_screen2_validation.csv (issue 44: the held-out novel and WikiText-2 validation,
-centroids trained on five novels), and draws benchmarks/results/study_tradeoff.{png,svg} with its table
+no_worse_validation.csv, no_worse_screen2_validation.csv and no_worse_screen3_validation.csv (issue 44: the held-out
+novel and WikiText-2 validation, centroids trained on five novels), and draws benchmarks/results/study_tradeoff.{png,svg} with its table
 study_tradeoff.md (`focus.report.study`'s trade-off figure, which the study rule draws for a run).
 """
 
@@ -50,7 +50,8 @@ def main() -> None:
             "distant_kept": rows["distant_kept"],
             "passkey": rows[passkey].apply(lambda r: sum(_share(v) for v in r) / len(r), axis=1),
         })])
-    for name, budget in (("no_worse_validation.csv", ""), ("no_worse_screen2_validation.csv", ", 100 steps")):
+    for name, budget in (("no_worse_validation.csv", ""), ("no_worse_screen2_validation.csv", ", 100 steps"),
+                         ("no_worse_screen3_validation.csv", ", rows of 2,048")):
         if not (results / name).exists():
             continue
         rows = pd.read_csv(results / name).dropna(subset=["books_by_book_change"])
