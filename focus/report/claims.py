@@ -1,4 +1,4 @@
-"""The claims report: every claim of the paper (PAPER.md), its number, ours with its setting, and a verdict.
+"""The claims report: every claim of the paper (arXiv 2604.03260), its number, ours with its setting, and a verdict.
 
 Each claim has one judge: a function of this profile's result tables that returns (our number, setting, verdict)
 or None when the profile did not measure what the claim needs ("not testable in this profile"). Verdicts are
@@ -22,7 +22,7 @@ HOLDS, FAILS, UNTESTED = "holds", "does not hold", "not testable in this profile
 
 @dataclass(frozen=True)
 class Claim:
-    claim: str  # the claim as PAPER.md words it (its "claims, as numbers" table)
+    claim: str  # the claim as the paper words it (its numbers, transcribed into CLAIMS below)
     paper: str
     judge: Callable[[dict[str, pd.DataFrame | dict]], tuple[str, str, str] | None]
 
