@@ -43,6 +43,10 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/flex_attention")
     args = parser.parse_args()
     device = torch.device("cpu")
+    # Every length compiles its own kernels (a prefill and a one-query step): past dynamo's default of 8 recompiles a
+    # call would fall back to the unfused reference, which materialises every score (and runs out of memory at 16K).
+    torch._dynamo.config.recompile_limit = 64
+    torch.set_grad_enabled(False)  # the compile and the timed calls alike: a change of grad mode recompiles
     rows = []
     for length in args.lengths:
         gen = torch.Generator().manual_seed(length)
@@ -68,8 +72,7 @@ def main() -> None:
         tic = time.perf_counter()
         calls["flex"]()  # the compile of this shape, outside the timing
         compile_s = time.perf_counter() - tic
-        with torch.no_grad():
-            seconds = dict(zip(calls, interleaved_seconds(list(calls.values()), args.repeats, device)))
+        seconds = dict(zip(calls, interleaved_seconds(list(calls.values()), args.repeats, device)))
         row = {"phase": "prefill", "length": length, **{f"{name}_s": s for name, s in seconds.items()},
                "mask_s": mask_s, "compile_s": compile_s, "density": block_density(mask), "kept": _kept(
                    query_groups, key_groups, length)}
@@ -124,10 +127,18 @@ def _kept(query_groups: torch.Tensor, key_groups: torch.Tensor, length: int) -> 
     return (keep.sum() / (causal.sum() * HEADS)).item()
 
 
+def _cpu_name() -> str:
+    try:
+        line = next(x for x in Path("/proc/cpuinfo").read_text().splitlines() if x.startswith("model name"))
+        return line.split(":", 1)[1].strip()
+    except (OSError, StopIteration):
+        return platform.processor() or "this CPU"
+
+
 def _setting(args) -> str:
     return (f"FlexAttention (compiled) executing Focus's hard pattern against the project's kernels, one SmolLM2 "
             f"layer ({HEADS}/{K_HEADS} heads of {DIM}), float32, top-{TOP_K} of {GROUPS} random balanced groups per "
-            f"query head, window {WINDOW}, one sink; torch {torch.__version__} on {platform.processor() or 'the CPU'}"
+            f"query head, window {WINDOW}, one sink; torch {torch.__version__} on {_cpu_name()}"
             f" ({torch.get_num_threads()} threads), in turns, medians of {args.repeats}. Speedups against dense causal "
             f"SDPA over the same keys. `benchmarks/flex_attention.py --lengths {' '.join(map(str, args.lengths))}`.")
 

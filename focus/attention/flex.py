@@ -4,8 +4,8 @@ block-sparse attention, on the CPU and the GPU, measured against the project's k
 The pattern is the dense reference's (`focus.attention.reference.hard_allowed`) as a `mask_mod`: a pair (i, j) is kept
 when it is causal, j is a real token, and it is local (i - j < window), or j is a sink, or the query's and the key's
 groups meet (one AND of group bits). The `BlockMask` lets FlexAttention skip the blocks (128 x 128 positions) that hold
-no kept pair; every other block is computed in full and masked. Not a path of the plan: benchmarks/results/
-flex_attention.md says how it compares, and why.
+no kept pair; every other block is computed in full and masked. Not a path of the plan: how it compares, and why, is
+in benchmarks/results/flex_attention.md (`benchmarks/flex_attention.py`).
 """
 
 from __future__ import annotations
@@ -46,7 +46,9 @@ def focus_block_mask(
         meet = (query_bits[batch, head // per_query_head, q_idx] & key_bits[batch, head // per_key_head, kv_idx]) != 0
         return (q_idx >= kv_idx) & valid[batch, kv_idx] & ((q_idx - kv_idx < window) | meet)
 
-    return _create_block_mask()(mask_mod, b, heads, length, length, device=device, BLOCK_SIZE=block)
+    # Compiled beyond 1,024 tokens: the eager build evaluates the mask over every (head, query, key) at once.
+    return _create_block_mask()(mask_mod, b, heads, length, length, device=device, BLOCK_SIZE=block,
+                                _compile=length > 1024)
 
 
 def flex_hard_attention(query, key, value, block_mask, scaling: float | None = None, compiled: bool = True):

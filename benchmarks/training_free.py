@@ -1,0 +1,103 @@
+"""Is a trained router worth training? Focus's centroids as k-means leaves them (training-free clustering of each
+head's keys, as ClusterKV and Squeezed Attention select) against the same FocusConfig trained (issue 47, part 1).
+
+    .venv/bin/python benchmarks/training_free.py --tokens DIR --adapter trained=FOLDER --out DIR
+
+`kmeans`: `apply_focus` with the trained adapter's FocusConfig (hard top-2 of 16, window 128, query routing), its
+centroids the spherical k-means of each layer's unrotated keys on the 8 calibration rows a training job takes (the
+first 8 rows of 512 tokens of the training novels), never trained: the same selection rule, the same kept share in
+expectation, no gradient step. Each adapter given with `--adapter NAME=FOLDER` is scored beside it. Scored on the TEST
+splits (no choice is made here) of the held-out novel (`books_by_book`), the non-fiction and WikiText-2 at each of
+`--contexts`, against the pretrained model in the same run (paired 95% intervals over the windows), and the share of
+distant pairs each keeps. Written to <out>/training_free.{csv,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from focus import FocusConfig, apply_focus, load_focus, remove_focus, set_focus_mode
+from focus.adapter import read_adapter_config
+from focus.artifacts import markdown_table
+from focus.data import chunk_tokens
+from focus.eval.diagnostics import distant_attention_recall
+from focus.eval.paired import paired_ratio
+from focus.eval.perplexity import perplexity
+from focus.files import write_text
+from focus.models import PACKAGED_SMOLLM2, load_model
+from focus.pipeline.jobs import read_tokens
+
+CORPORA = ("books_by_book", "nonfiction", "wikitext2")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", required=True, help="folder of <corpus>.tokens.safetensors (no_worse_screen.py)")
+    parser.add_argument("--adapter", action="append", default=[], help="NAME=FOLDER of a trained adapter")
+    parser.add_argument("--contexts", type=int, nargs="+", default=[512, 2048])
+    parser.add_argument("--max-tokens", type=int, default=16384)
+    parser.add_argument("--split", default="test", choices=["validation", "test"])
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    adapters = dict(spec.split("=", 1) for spec in args.adapter)
+    if not adapters:
+        parser.error("give the trained design with --adapter NAME=FOLDER: kmeans takes its FocusConfig")
+    model, _ = load_model(PACKAGED_SMOLLM2, getattr(torch, args.dtype))
+    tokens = {c: read_tokens(Path(args.tokens) / f"{c}.tokens.safetensors", args.split)[: args.max_tokens]
+              for c in CORPORA}
+    train = chunk_tokens(read_tokens(Path(args.tokens) / "books_by_book.tokens.safetensors", "train"), 512)
+    calibration, kept_rows = train[:8], chunk_tokens(tokens["books_by_book"], 512)[:8]
+    config = FocusConfig.from_dict(read_adapter_config(Path(next(iter(adapters.values()))))["focus_config"])
+
+    def score() -> dict:
+        with torch.no_grad():
+            return {(c, n): perplexity(model, ids, n, n, batch_size=max(1, 2048 // n), progress=False)
+                    for n in args.contexts for c, ids in tokens.items()}
+
+    tic = time.perf_counter()
+    base = score()
+    print(f"pretrained scored in {time.perf_counter() - tic:.0f} s", flush=True)
+    rows = []
+    for name in ["kmeans", *adapters]:
+        tic = time.perf_counter()
+        if name == "kmeans":
+            apply_focus(model, config, calibration_ids=calibration)
+        else:
+            load_focus(model, adapters[name])
+        set_focus_mode(model, "hard")
+        found = score()
+        with torch.no_grad():
+            kept = distant_attention_recall(model, kept_rows)["kept"]
+        remove_focus(model)
+        for n in args.contexts:
+            row = {"design": name, "context": n, "distant_kept": kept}
+            for c in CORPORA:
+                ratio, low, high = paired_ratio(found[c, n]["window_nll"], base[c, n]["window_nll"])
+                row.update({f"{c}_pretrained": base[c, n]["ppl"], f"{c}_focus": found[c, n]["ppl"],
+                            f"{c}_change": ratio, f"{c}_low": low, f"{c}_high": high, c: f"{ratio:+.2%} [{low:+.2%}, "
+                            f"{high:+.2%}]"})
+            rows.append(row)
+        print(f"{name} scored in {time.perf_counter() - tic:.0f} s: {rows[-len(args.contexts):]}", flush=True)
+        frame = pd.DataFrame(rows)
+        out = Path(args.out)
+        write_text(out / "training_free.csv", frame.to_csv(index=False))
+        shown = frame[["design", "context", "distant_kept", *CORPORA]]
+        write_text(out / "training_free.md", f"{_setting(args, config)}\n\n{markdown_table(shown, '.3g')}\n")
+
+
+def _setting(args, config: FocusConfig) -> str:
+    return (f"SmolLM2-135M-Instruct, {args.dtype}, hard top-{config.top_k} of {config.num_groups} groups, window "
+            f"{config.window}, route_queries={config.route_queries!r}; {args.split} splits, {args.max_tokens} tokens "
+            f"per corpus and context, perplexity change against pretrained with paired 95% intervals over the windows; "
+            f"`kmeans`: the centroids spherical k-means leaves on 8 calibration rows, never trained. "
+            f"`benchmarks/training_free.py --contexts {' '.join(map(str, args.contexts))}`.")
+
+
+if __name__ == "__main__":
+    main()
