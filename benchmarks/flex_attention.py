@@ -49,41 +49,47 @@ def main() -> None:
     torch.set_grad_enabled(False)  # the compile and the timed calls alike: a change of grad mode recompiles
     rows = []
     for length in args.lengths:
-        gen = torch.Generator().manual_seed(length)
-        query = torch.randn(1, HEADS, length, DIM, generator=gen)
-        key, value = (torch.randn(1, K_HEADS, length, DIM, generator=gen) for _ in range(2))
-        key_groups = balanced_groups(length, GROUPS, TOP_K, K_HEADS)  # (1, K, L, k)
-        query_groups = balanced_groups(length, GROUPS, TOP_K, HEADS, seed=1)  # (1, H, L, k)
-        sinks = torch.zeros(1, length, dtype=torch.bool)
-        sinks[0, 0] = True
-        tic = time.perf_counter()
-        mask = focus_block_mask(query_groups, key_groups, WINDOW, None, sinks, heads=HEADS)
-        mask_s = time.perf_counter() - tic
-        calls = {
-            "sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True,
-                                                                            enable_gqa=True),
-            "flex": lambda: flex_hard_attention(query, key, value, mask),
-            "native": lambda: decomposed_hard_attention(query, key, value, key_groups, WINDOW, None, sinks,
-                                                        backend="native", query_groups=query_groups),
-        }
-        if length <= args.torch_up_to:
-            calls["torch"] = lambda: decomposed_hard_attention(query, key, value, key_groups, WINDOW, None, sinks,
-                                                               backend="torch", query_groups=query_groups)
-        tic = time.perf_counter()
-        calls["flex"]()  # the compile of this shape, outside the timing
-        compile_s = time.perf_counter() - tic
-        seconds = dict(zip(calls, interleaved_seconds(list(calls.values()), args.repeats, device)))
-        row = {"phase": "prefill", "length": length, **{f"{name}_s": s for name, s in seconds.items()},
-               "mask_s": mask_s, "compile_s": compile_s, "density": block_density(mask), "kept": _kept(
-                   query_groups, key_groups, length)}
-        row.update({f"{name}_speedup": seconds["sdpa"] / s for name, s in seconds.items() if name != "sdpa"})
-        rows.append(row)
-        print(row, flush=True)
+        rows.append(_prefill(length, args.repeats, device, with_torch=length <= args.torch_up_to))
+        print(rows[-1], flush=True)
         rows.append(_decoding_step(length, args.repeats, device))
         print(rows[-1], flush=True)
         frame = pd.DataFrame(rows)
         write_text(Path(args.out).with_suffix(".csv"), frame.to_csv(index=False))
         write_text(Path(args.out).with_suffix(".md"), f"{_setting(args)}\n\n{markdown_table(frame, '.3g')}\n")
+
+
+def _prefill(length: int, repeats: int, device: torch.device, with_torch: bool) -> dict:
+    """A prompt of `length` tokens: dense SDPA, FlexAttention, the native and (`with_torch`) the eager decomposition, in
+    turns; the BlockMask's build and the compile of this shape timed apart."""
+    gen = torch.Generator().manual_seed(length)
+    query = torch.randn(1, HEADS, length, DIM, generator=gen)
+    key, value = (torch.randn(1, K_HEADS, length, DIM, generator=gen) for _ in range(2))
+    key_groups = balanced_groups(length, GROUPS, TOP_K, K_HEADS)  # (1, K, L, k)
+    query_groups = balanced_groups(length, GROUPS, TOP_K, HEADS, seed=1)  # (1, H, L, k)
+    sinks = torch.zeros(1, length, dtype=torch.bool)
+    sinks[0, 0] = True
+    tic = time.perf_counter()
+    mask = focus_block_mask(query_groups, key_groups, WINDOW, None, sinks, heads=HEADS)
+    mask_s = time.perf_counter() - tic
+    calls = {
+        "sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True,
+                                                                        enable_gqa=True),
+        "flex": lambda: flex_hard_attention(query, key, value, mask),
+        "native": lambda: decomposed_hard_attention(query, key, value, key_groups, WINDOW, None, sinks,
+                                                    backend="native", query_groups=query_groups),
+    }
+    if with_torch:
+        calls["torch"] = lambda: decomposed_hard_attention(query, key, value, key_groups, WINDOW, None, sinks,
+                                                           backend="torch", query_groups=query_groups)
+    tic = time.perf_counter()
+    calls["flex"]()  # the compile of this shape, outside the timing
+    compile_s = time.perf_counter() - tic
+    seconds = dict(zip(calls, interleaved_seconds(list(calls.values()), repeats, device)))
+    row = {"phase": "prefill", "length": length, **{f"{name}_s": s for name, s in seconds.items()},
+           "mask_s": mask_s, "compile_s": compile_s, "density": block_density(mask),
+           "kept": _kept(query_groups, key_groups, length)}
+    row.update({f"{name}_speedup": seconds["sdpa"] / s for name, s in seconds.items() if name != "sdpa"})
+    return row
 
 
 def _decoding_step(length: int, repeats: int, device: torch.device) -> dict:
@@ -106,9 +112,8 @@ def _decoding_step(length: int, repeats: int, device: torch.device) -> dict:
         return (length - 1 - kv_idx < WINDOW) | ((query_bits[head] & key_bits[head // (HEADS // K_HEADS), kv_idx]) != 0)
 
     mask = _create_block_mask()(mask_mod, 1, HEADS, 1, length, device="cpu", BLOCK_SIZE=128)
-    flex = lambda: flex_hard_attention(query, key, value, mask)  # noqa: E731
-    flex()
-    (flex_s,) = interleaved_seconds([flex], repeats, device)
+    flex_hard_attention(query, key, value, mask)  # the compile of this shape
+    (flex_s,) = interleaved_seconds([lambda: flex_hard_attention(query, key, value, mask)], repeats, device)
     return {"phase": "decoding step", "length": length, "sdpa_s": step["full_s"], "native_s": step["native_s"],
             "flex_s": flex_s, "native_speedup": step["full_s"] / step["native_s"],
             "flex_speedup": step["full_s"] / flex_s,
