@@ -102,16 +102,9 @@ def _decoding_step(length: int, repeats: int, device: torch.device) -> dict:
     key, value = (torch.randn(1, K_HEADS, length, DIM, generator=gen) for _ in range(2))
     key_groups = balanced_groups(length, GROUPS, TOP_K, K_HEADS)
     query_groups = balanced_groups(1, GROUPS, TOP_K, HEADS, seed=1)
-    from focus.attention.flex import _create_block_mask
-
-    query_bits = (1 << query_groups).sum(-1)[0, :, 0]  # (H,)
-    key_bits = (1 << key_groups).sum(-1)[0]  # (K, L)
-    key_bits[:, 0] = -1  # the sink
-
-    def mask_mod(batch, head, q_idx, kv_idx):
-        return (length - 1 - kv_idx < WINDOW) | ((query_bits[head] & key_bits[head // (HEADS // K_HEADS), kv_idx]) != 0)
-
-    mask = _create_block_mask()(mask_mod, 1, HEADS, 1, length, device="cpu", BLOCK_SIZE=128)
+    sinks = torch.zeros(1, length, dtype=torch.bool)
+    sinks[0, 0] = True
+    mask = focus_block_mask(query_groups, key_groups, WINDOW, None, sinks, heads=HEADS)
     flex_hard_attention(query, key, value, mask)  # the compile of this shape
     (flex_s,) = interleaved_seconds([lambda: flex_hard_attention(query, key, value, mask)], repeats, device)
     return {"phase": "decoding step", "length": length, "sdpa_s": step["full_s"], "native_s": step["native_s"],

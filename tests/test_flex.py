@@ -46,3 +46,13 @@ def test_a_block_with_no_kept_pair_is_skipped():
     assert block_density(mask) == pytest.approx(7 / 10)
     with pytest.raises(ValueError, match="group ids below 63"):
         focus_block_mask(query_groups + 70, key_groups, 64)
+
+
+def test_a_one_query_block_mask_is_the_last_row_of_the_whole_sequences():
+    """A decoding step's mask (the query the last of the tokens) keeps what the whole sequence's last row keeps."""
+    query, key, value, key_groups, query_groups, valid, sinks = case("query")
+    whole = flex_hard_attention(query, key, value, focus_block_mask(query_groups, key_groups, 20, valid, sinks,
+                                                                     heads=6, block=64), 0.25, compiled=False)
+    step_mask = focus_block_mask(query_groups[:, :, -1:], key_groups, 20, valid, sinks, heads=6, block=64)
+    step = flex_hard_attention(query[:, :, -1:], key, value, step_mask, 0.25, compiled=False)
+    torch.testing.assert_close(step, whole[:, :, -1:], atol=1e-6, rtol=1e-5)

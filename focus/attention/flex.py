@@ -21,16 +21,18 @@ def focus_block_mask(
     query_groups: torch.Tensor, key_groups: torch.Tensor, window: int, valid: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None, heads: int | None = None, block: int = 128,
 ):
-    """The `BlockMask` of Focus's hard pattern over a whole sequence (queries = keys).
+    """The `BlockMask` of Focus's hard pattern: the queries are the last Q of the L tokens (Q = L: a whole sequence;
+    Q = 1: a decoding step).
 
     Args:
-        query_groups: (B, Hq, L, k) the queries' groups, Hq the query heads or the key/value heads whose query heads
+        query_groups: (B, Hq, Q, k) the queries' groups, Hq the query heads or the key/value heads whose query heads
             share them; key_groups: (B, K, L, k); ids below `GROUP_BITS`.
         valid: (B, L) bool real tokens, or None; sinks: (B or 1, L) bool sink keys, or None.
         heads: the query heads (default Hq).
     """
-    b, q_heads, length, _ = query_groups.shape
-    k_heads = key_groups.shape[1]
+    b, q_heads, queries, _ = query_groups.shape
+    k_heads, length = key_groups.shape[1], key_groups.shape[2]
+    offset = length - queries  # the first query's position
     heads = heads or q_heads
     if max(int(query_groups.max()), int(key_groups.max())) >= GROUP_BITS:
         raise ValueError(f"focus_block_mask takes group ids below {GROUP_BITS}")
@@ -44,11 +46,12 @@ def focus_block_mask(
 
     def mask_mod(batch, head, q_idx, kv_idx):
         meet = (query_bits[batch, head // per_query_head, q_idx] & key_bits[batch, head // per_key_head, kv_idx]) != 0
-        return (q_idx >= kv_idx) & valid[batch, kv_idx] & ((q_idx - kv_idx < window) | meet)
+        position = q_idx + offset
+        return (position >= kv_idx) & valid[batch, kv_idx] & ((position - kv_idx < window) | meet)
 
-    # Compiled beyond 1,024 tokens: the eager build evaluates the mask over every (head, query, key) at once.
-    return _create_block_mask()(mask_mod, b, heads, length, length, device=device, BLOCK_SIZE=block,
-                                _compile=length > 1024)
+    # Compiled beyond 1,024 pairs a row: the eager build evaluates the mask over every (head, query, key) at once.
+    return _create_block_mask()(mask_mod, b, heads, queries, length, device=device, BLOCK_SIZE=block,
+                                _compile=queries * length > 1024 * 1024)
 
 
 def flex_hard_attention(query, key, value, block_mask, scaling: float | None = None, compiled: bool = True):
