@@ -205,6 +205,20 @@ class FocusConfig:
             "per query, so prefill and decoding agree. Not applied while the centroids train (0 = Focus everywhere)."
         },
     )
+    selector: Literal["centroids", "streaming", "quest", "clusters"] = field(
+        default="centroids",
+        metadata={
+            "help": "Hard mode at inference: which rule picks a query's distant keys. 'centroids' is Focus (the keys "
+            "of the query's top-k groups); the training-free peers keep a share `budget` of each query's distant "
+            "keys: 'streaming' the most recent ones (budget 0: StreamingLLM), 'quest' whole pages of 16 keys by "
+            "Quest's bound on their logits, 'clusters' whole clusters of keys (nearest centroid) by the query's "
+            "routing logit (ClusterKV). The peers run on the dense masked kernel: a measure, not a fast path."
+        },
+    )
+    budget: float = field(
+        default=0.3,
+        metadata={"help": "The share of each query's distant keys a training-free `selector` keeps (0 to 1)."},
+    )
     distill: float = field(
         default=0.0,
         metadata={
@@ -253,6 +267,8 @@ class FocusConfig:
         for layer, head in map(dense_head_address, self.dense_heads):
             by_layer.setdefault(layer, []).append(head)
         object.__setattr__(self, "_dense_by_layer", by_layer)
+        if not 0 <= self.budget <= 1:
+            raise ConfigError(f"FocusConfig.budget must be in [0, 1], got {self.budget}")
         if not (self.distill >= 0 and math.isfinite(self.distill)):
             raise ConfigError(f"FocusConfig.distill must be a finite number >= 0, got {self.distill}")
         if not 0 < self.gate_floor < 1:

@@ -44,6 +44,7 @@ from focus.attention.routing import (
     step_groups,
     top_k_groups,
 )
+from focus.attention.selectors import SELECTORS, selected_pairs
 from focus.config import FocusConfig
 
 FOCUS_ATTENTION = "focus"
@@ -102,6 +103,10 @@ def _attend(module, query, key, value, attention_mask, scaling, dropout, softcap
     index = take_cache_index(module)  # a FocusCache's group index of this layer's cached keys, or None
     chosen = plan(config, call_facts(module, call, index, trace is not None))
     position_ids = kwargs.get("position_ids")
+    if chosen.router in SELECTORS:  # a training-free peer: no groups, no index
+        with label("focus/selected"):
+            allowed = selected_pairs(module, query, key, base_mask, position_ids)
+            return _with_dense_rows(_masked(call, allowed), call, chosen.dense_rows)
     if chosen.kernel == "native_step":
         with label("focus/native_step"):
             return _native_decoding_step(module, call, index, position_ids)
@@ -244,6 +249,12 @@ def _hard_attention(
         groups[:, :, k_len - q_len :] if query_groups is None else query_groups, groups, config.num_groups,
         config.window, call.base_mask, routed.sinks, routed.dense,
     )
+    return _masked(call, allowed)
+
+
+def _masked(call: AttentionCall, allowed: torch.Tensor) -> torch.Tensor:
+    """The dense masked kernel (B, H, Q, D): attention over the pairs `allowed` (broadcastable to (B, K, Q, L), or per
+    query head (B, H, Q, L)) only."""
     if call.softcap is not None:
         return dense_attention(call.query, call.key, call.value, allowed, None, call.scaling, call.softcap)
     return sdpa_grouped(call.query, call.key, call.value, allowed, None, call.scaling, call.dropout)

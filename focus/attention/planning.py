@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from focus.attention.fast_path import current_fast_path
 from focus.attention.group_bits import GROUP_BITS
 from focus.attention.native import MAX_DIM as NATIVE_MAX_DIM
+from focus.attention.selectors import SELECTORS
 from focus.attention.step_cost import NATIVE_STEP_BELOW, sparse_step_pays
 from focus.config import FocusConfig
 
@@ -40,6 +41,7 @@ ROUTERS = {
     "none": "no routing: nothing uses groups",
     "eager": "PyTorch ops (focus.attention.routing)",
     "native": "native CPU calls (focus.attention.native): the same groups within float32 rounding",
+    **{name: f"training-free (focus.attention.selectors): {text}" for name, text in SELECTORS.items()},
 }
 
 
@@ -100,6 +102,8 @@ def plan(config: FocusConfig, facts: CallFacts) -> Plan:
     cached = facts.cache != "none"
     all_dense = facts.dense_rows >= facts.queries
     fast = _fast_path_blocker(facts, switch)  # None: a fast path may compute it
+    if config.mode == "hard" and config.selector != "centroids" and not facts.training:
+        return _selector_plan(config, facts, all_dense)
     if cached and facts.queries == 1 and config.mode == "hard" and not facts.traced and config.window < facts.keys:
         if all_dense:
             return Plan("unmodified", "eager", "unmodified", f"the query is below dense_below={config.dense_below}",
@@ -124,6 +128,17 @@ def plan(config: FocusConfig, facts: CallFacts) -> Plan:
     if blocker and kernel == "decomposed_torch":
         reason = f"{reason}; not the native prefill: {blocker}"
     return Plan("hard", "native" if kernel == "decomposed_native" else "eager", kernel, reason, facts.dense_rows)
+
+
+def _selector_plan(config: FocusConfig, facts: CallFacts, all_dense: bool) -> Plan:
+    """The plan of a hard call whose distant keys a training-free selector picks (`focus.attention.selectors`)."""
+    if all_dense:
+        return Plan("unmodified", "none", "unmodified", f"every query is below dense_below={config.dense_below}",
+                    facts.dense_rows)
+    if config.window >= facts.keys:
+        return Plan("unmodified", "none", "unmodified", f"every pair is within the window ({config.window})")
+    return Plan("hard", config.selector, "dense_masked",
+                "a training-free selector: its keys differ per query and fit no group index", facts.dense_rows)
 
 
 def _fast_path_blocker(facts: CallFacts, switch: str) -> str | None:
@@ -278,6 +293,9 @@ SCENARIOS = [  # (what the user does, FocusConfig changes from hard top-2 query 
     ("a model that soft-caps its logits (Gemma 2)", {}, dict(queries=4096, keys=4096, softcap=True), "auto"),
     ("a sliding-window layer shorter than the keys (Gemma, Qwen2)", {},
      dict(queries=4096, keys=4096, model_window=1024), "auto"),
+    ("a training-free peer at the same budget: selector='quest'", {"selector": "quest"},
+     dict(queries=4096, keys=4096), "auto"),
+    ("its decoding step", {"selector": "quest"}, dict(queries=1, keys=4096, cache="native"), "auto"),
     ("the switch pinned to the oracle: fast_path('dense')", {}, dict(queries=4096, keys=4096), "dense"),
     ("fast_path('torch'), a FocusCache prompt", {}, dict(queries=4096, keys=4096, cache="native"), "torch"),
 ]

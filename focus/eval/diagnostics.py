@@ -34,6 +34,7 @@ from focus.attention.reference import (
     unmodified_attention,
 )
 from focus.attention.routing import key_positions, route_call, routing_vectors, top_k_groups
+from focus.attention.selectors import selected_pairs
 from focus.models import input_device
 from focus.retrofit import attention_modules, has_focus, head_shape, set_focus_mode
 
@@ -253,10 +254,13 @@ def _pattern_and_logits(module: nn.Module, query, key, value, attention_mask, sc
     key_vectors = routing_vectors(module, key if config.route_on == "key" else value, positions)
     routed = route_call(module, query, key_vectors, base_mask, positions)
     sinks = routed.sinks
-    groups_q = top_k_groups(routed.query_log_assign, config.top_k)
-    groups = top_k_groups(routed.key_log_assign, config.top_k)
-    kept = hard_allowed(groups_q, groups, config.num_groups, config.window, base_mask, sinks, routed.dense)
-    kept = split_query_heads(kept, k_heads).expand(b, k_heads, h // k_heads, q_len, k_len).flatten(1, 2)
+    if config.selector != "centroids":  # a training-free peer's pattern (`focus.attention.selectors`)
+        kept = selected_pairs(module, query, key, base_mask, position_ids)
+    else:
+        groups_q = top_k_groups(routed.query_log_assign, config.top_k)
+        groups = top_k_groups(routed.key_log_assign, config.top_k)
+        kept = hard_allowed(groups_q, groups, config.num_groups, config.window, base_mask, sinks, routed.dense)
+        kept = split_query_heads(kept, k_heads).expand(b, k_heads, h // k_heads, q_len, k_len).flatten(1, 2)
 
     allowed = model_allowed(base_mask, q_len, k_len, query.device)  # (B or 1, 1, Q, L)
     distant = allowed & ~local_pairs(q_len, k_len, config.window, query.device)
