@@ -310,5 +310,12 @@ def test_generate_rows_time_a_trained_adapter_on_real_prompts(smollm2, tmp_path)
     assert (row["groups"], row["window"], row["top_k"]) == (4, 16, 1)  # the adapter's groups, the setting's rest
     assert row["adapter"].endswith("adapter") and row["group_balance"] >= 1.0
     assert row["prefill_speedup"] == pytest.approx(row["unmodified_prefill_s"] / row["focus_prefill_s"])
+    for side in ("unmodified", "focus"):  # attention-only: a part of the whole, never nothing
+        assert 0 < row[f"{side}_prefill_attention_s"] < row[f"{side}_prefill_s"]
+    assert row["decode_attention_speedup"] == pytest.approx(
+        row["unmodified_decode_attention_s"] / row["focus_decode_attention_s"])
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    assert "focus" not in ALL_ATTENTION_FUNCTIONS._local_mapping  # the clock's wrappers are gone
     with pytest.raises(ValueError, match="needs 4000 tokens"):
         generate_rows(model, [4000], [(16, 16, 1)], new_tokens=1, prompt_ids=text[:, :100])

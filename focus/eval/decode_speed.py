@@ -9,7 +9,10 @@ Focus hard through a `FocusCache`, in decoded tokens per second.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import time
+from collections.abc import Iterator
 from typing import Callable
 
 import torch
@@ -178,26 +181,34 @@ def generate_rows(
             try:
                 # Prefills in turns too, each side into a fresh in-place cache: `rounds` of each, medians. The last
                 # Focus prefill's cache is the one decoded from.
-                base_prefills, focus_prefills = [], []
-                for _ in range(rounds):
-                    remove_focus(model)
-                    base_prefills.append(_prefill(model, ids, GrowingCache(config=model.config))[0])
-                    _attach_focus(model, setting, adapter, ids)
-                    cache = FocusCache(model, native=compile_step)
-                    seconds, focus_logits = _prefill(model, ids, cache)
-                    focus_prefills.append(seconds)
-                base_prefill, focus_prefill = (sorted(t)[len(t) // 2] for t in (base_prefills, focus_prefills))
-                # Both sides take turns, round after round, from the same prompt state (each cache cropped back after
-                # its round): a drift in the machine's speed reaches both alike.
-                base_times, focus_times = [], []
-                for _ in range(rounds):
-                    focus_times.append(_decode_seconds(model, focus_logits, new_tokens, cache))
-                    cache.crop(-new_tokens)
-                    remove_focus(model)
-                    base_times.append(_decode_seconds(model, logits, new_tokens, growing))
-                    growing.crop(-new_tokens)
-                    _attach_focus(model, setting, adapter, ids)
-                base_decode, focus_decode = (sorted(times)[len(times) // 2] for times in (base_times, focus_times))
+                # Each timing's attention-only part beside it: the seconds inside the attention functions.
+                base_prefills, focus_prefills, base_attention, focus_attention = [], [], [], []
+                with attention_clock() as clock:
+                    for _ in range(rounds):
+                        remove_focus(model)
+                        base_prefills.append(_prefill(model, ids, GrowingCache(config=model.config))[0])
+                        base_attention.append(_lap(clock))
+                        _attach_focus(model, setting, adapter, ids)
+                        cache = FocusCache(model, native=compile_step)
+                        seconds, focus_logits = _prefill(model, ids, cache)
+                        focus_prefills.append(seconds)
+                        focus_attention.append(_lap(clock))
+                    base_prefill, focus_prefill, base_prefill_attention, focus_prefill_attention = map(
+                        _median, (base_prefills, focus_prefills, base_attention, focus_attention))
+                    # Both sides take turns, round after round, from the same prompt state (each cache cropped back
+                    # after its round): a drift in the machine's speed reaches both alike.
+                    base_times, focus_times, base_attention, focus_attention = [], [], [], []
+                    for _ in range(rounds):
+                        focus_times.append(_decode_seconds(model, focus_logits, new_tokens, cache))
+                        focus_attention.append(_lap(clock))
+                        cache.crop(-new_tokens)
+                        remove_focus(model)
+                        base_times.append(_decode_seconds(model, logits, new_tokens, growing))
+                        base_attention.append(_lap(clock))
+                        growing.crop(-new_tokens)
+                        _attach_focus(model, setting, adapter, ids)
+                base_decode, focus_decode, base_decode_attention, focus_decode_attention = map(
+                    _median, (base_times, focus_times, base_attention, focus_attention))
                 share = cache.index_nbytes() / sum(
                     layer.keys.numel() * layer.keys.element_size() * 2 for layer in cache.layers if layer.is_initialized
                 )
@@ -215,6 +226,12 @@ def generate_rows(
                 "attention_share": max(0.0, 1 - short_decode / base_decode),
                 "unmodified_prefill_s": base_prefill, "focus_prefill_s": focus_prefill,
                 "prefill_speedup": base_prefill / focus_prefill, "index_share": share,
+                "unmodified_prefill_attention_s": base_prefill_attention,
+                "focus_prefill_attention_s": focus_prefill_attention,
+                "prefill_attention_speedup": base_prefill_attention / focus_prefill_attention,
+                "unmodified_decode_attention_s": base_decode_attention,
+                "focus_decode_attention_s": focus_decode_attention,
+                "decode_attention_speedup": base_decode_attention / focus_decode_attention,
                 "adapter": "" if adapter is None else str(adapter), "group_balance": balance,
                 "compile_step": compile_step,
             }
@@ -249,6 +266,46 @@ def group_balance(cache: FocusCache) -> float:
     counts = [index.counts.double() for index in cache.indexes.values()]  # (B, K, G) each
     ratios = [(c.amax(dim=-1) / c.mean(dim=-1).clamp_min(1e-9)).flatten() for c in counts]
     return float(torch.cat(ratios).median()) if ratios else float("nan")
+
+
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
+def _lap(clock: dict) -> float:
+    """The attention seconds `clock` (`attention_clock`) counted since the last lap."""
+    lap = clock["seconds"] - clock.get("lapped", 0.0)
+    clock["lapped"] = clock["seconds"]
+    return lap
+
+
+@contextlib.contextmanager
+def attention_clock() -> Iterator[dict]:
+    """Within the block, the seconds spent inside the attention functions transformers calls (SDPA, eager, Focus)
+    add up in the yielded dict's "seconds": a model's attention-only time, routing and index upkeep included. The
+    CPU's clock (no device synchronisation): for CPU timings."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    clock = {"seconds": 0.0}
+
+    def timed(function):
+        @functools.wraps(function)
+        def call(*args, **kwargs):
+            tic = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                clock["seconds"] += time.perf_counter() - tic
+        return call
+
+    names = [name for name in ALL_ATTENTION_FUNCTIONS if name in ("sdpa", "eager", "focus")]
+    for name in names:
+        ALL_ATTENTION_FUNCTIONS[name] = timed(ALL_ATTENTION_FUNCTIONS[name])  # a local override of the global entry
+    try:
+        yield clock
+    finally:
+        for name in names:
+            del ALL_ATTENTION_FUNCTIONS[name]
 
 
 def _prefill(model, ids: torch.Tensor, cache) -> tuple[float, torch.Tensor]:
