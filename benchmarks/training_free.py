@@ -1,15 +1,20 @@
-"""Is a trained router worth training? Focus's centroids as k-means leaves them (training-free clustering of each
-head's keys, as ClusterKV and Squeezed Attention select) against the same FocusConfig trained (issue 47, part 1).
+"""Is a trained router worth training? Training-free selectors against the same FocusConfig trained (issue 47, part 1).
 
     .venv/bin/python benchmarks/training_free.py --tokens DIR --adapter trained=FOLDER --out DIR
+    .venv/bin/python benchmarks/training_free.py --tokens DIR --adapter trained=FOLDER --no-kmeans \
+        --peer streaming:0.3 --peer quest:0.3 --peer clusters:0.3 --name peers --out DIR
 
 `kmeans`: `apply_focus` with the trained adapter's FocusConfig (hard top-2 of 16, window 128, query routing), its
 centroids the spherical k-means of each layer's unrotated keys on the 8 calibration rows a training job takes (the
 first 8 rows of 512 tokens of the training novels), never trained: the same selection rule, the same kept share in
-expectation, no gradient step. Each adapter given with `--adapter NAME=FOLDER` is scored beside it. Scored on the TEST
+expectation, no gradient step. `--peer SELECTOR:BUDGET`: a training-free selector of `focus.attention.selectors`
+(streaming, quest, clusters) keeping that share of each query's distant keys, under the first adapter's window and
+sinks ("clusters": its clusters those same k-means centroids). Each adapter given with `--adapter NAME=FOLDER` is
+scored beside them. Scored on the TEST
 splits (no choice is made here) of the held-out novel (`books_by_book`), the non-fiction and WikiText-2 at each of
 `--contexts`, against the pretrained model in the same run (paired 95% intervals over the windows), and the share of
-distant pairs each keeps. Written to <out>/training_free.{csv,md}.
+distant pairs each keeps. Written to <out>/<name>.{csv,md}, and <out>/<name>_tradeoff.{png,svg}: each design's
+held-out novel change against its WikiText-2 change (`focus.report.study.plot_tradeoff`).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from focus import FocusConfig, apply_focus, load_focus, remove_focus, set_focus_mode
+from focus import FocusConfig, apply_focus, load_focus, remove_focus, save_focus, set_focus_mode
 from focus.adapter import read_adapter_config
 from focus.artifacts import markdown_table
 from focus.data import chunk_tokens
@@ -31,6 +36,7 @@ from focus.eval.perplexity import perplexity
 from focus.files import write_text
 from focus.models import PACKAGED_SMOLLM2, load_model
 from focus.pipeline.jobs import read_tokens
+from focus.report.study import plot_tradeoff
 
 CORPORA = ("books_by_book", "nonfiction", "wikitext2")
 
@@ -43,17 +49,26 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=16384)
     parser.add_argument("--split", default="test", choices=["validation", "test"])
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--peer", action="append", default=[], help="SELECTOR:BUDGET, e.g. quest:0.3")
+    parser.add_argument("--no-kmeans", action="store_true", help="leave out the untrained top-k design")
+    parser.add_argument("--name", default="training_free", help="the tables' file stem")
+    parser.add_argument("--save-adapters", help="folder to save each untrained design in as an adapter (for RULER)")
+    parser.add_argument("--redraw", action="store_true", help="only write the table's text and figure from its CSV")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     adapters = dict(spec.split("=", 1) for spec in args.adapter)
     if not adapters:
         parser.error("give the trained design with --adapter NAME=FOLDER: kmeans takes its FocusConfig")
+    config = FocusConfig.from_dict(read_adapter_config(Path(next(iter(adapters.values()))))["focus_config"])
+    if args.redraw:  # the table's text and figure again, from its CSV
+        _write(pd.read_csv(Path(args.out) / f"{args.name}.csv"), args, config)
+        return
     model, _ = load_model(PACKAGED_SMOLLM2, getattr(torch, args.dtype))
     tokens = {c: read_tokens(Path(args.tokens) / f"{c}.tokens.safetensors", args.split)[: args.max_tokens]
               for c in CORPORA}
     train = chunk_tokens(read_tokens(Path(args.tokens) / "books_by_book.tokens.safetensors", "train"), 512)
-    calibration, kept_rows = train[:8], chunk_tokens(tokens["books_by_book"], 512)[:8]
-    config = FocusConfig.from_dict(read_adapter_config(Path(next(iter(adapters.values()))))["focus_config"])
+    calibration = train[:8]
+    kept_rows = {n: chunk_tokens(tokens["books_by_book"], n)[: max(1, 2048 // n)] for n in args.contexts}
 
     def score() -> dict:
         with torch.no_grad():
@@ -64,19 +79,24 @@ def main() -> None:
     base = score()
     print(f"pretrained scored in {time.perf_counter() - tic:.0f} s", flush=True)
     rows = []
-    for name in ["kmeans", *adapters]:
+    peers = {f"{spec.replace(':', '@')}": dict(zip(("selector", "budget"), spec.split(":"))) for spec in args.peer}
+    for name in [*(() if args.no_kmeans else ("kmeans",)), *peers, *adapters]:
         tic = time.perf_counter()
-        if name == "kmeans":
-            apply_focus(model, config, calibration_ids=calibration)
-        else:
+        if name in adapters:
             load_focus(model, adapters[name])
+        else:
+            peer = peers.get(name)
+            chosen = config if peer is None else config.replace(selector=peer["selector"], budget=float(peer["budget"]))
+            apply_focus(model, chosen, calibration_ids=calibration)
+            if args.save_adapters:
+                save_focus(model, Path(args.save_adapters) / name)
         set_focus_mode(model, "hard")
         found = score()
-        with torch.no_grad():
-            kept = distant_attention_recall(model, kept_rows)["kept"]
+        with torch.no_grad():  # the share of distant pairs kept, at each context: the selectors keep it per query
+            kept = {n: distant_attention_recall(model, kept_rows[n], batch_size=1)["kept"] for n in args.contexts}
         remove_focus(model)
         for n in args.contexts:
-            row = {"design": name, "context": n, "distant_kept": kept}
+            row = {"design": name, "context": n, "distant_kept": kept[n]}
             for c in CORPORA:
                 ratio, low, high = paired_ratio(found[c, n]["window_nll"], base[c, n]["window_nll"])
                 row.update({f"{c}_pretrained": base[c, n]["ppl"], f"{c}_focus": found[c, n]["ppl"],
@@ -84,19 +104,32 @@ def main() -> None:
                             f"{high:+.2%}]"})
             rows.append(row)
         print(f"{name} scored in {time.perf_counter() - tic:.0f} s: {rows[-len(args.contexts):]}", flush=True)
-        frame = pd.DataFrame(rows)
-        out = Path(args.out)
-        write_text(out / "training_free.csv", frame.to_csv(index=False))
-        shown = frame[["design", "context", "distant_kept", *CORPORA]]
-        write_text(out / "training_free.md", f"{_setting(args, config)}\n\n{markdown_table(shown, '.3g')}\n")
+        _write(pd.DataFrame(rows), args, config)
+
+
+def _write(frame: pd.DataFrame, args, config: FocusConfig) -> None:
+    """<out>/<name>.{csv,md} and the trade-off figure <out>/<name>_tradeoff.{png,svg} of the designs scored so far."""
+    out = Path(args.out)
+    write_text(out / f"{args.name}.csv", frame.to_csv(index=False))
+    shown = frame[["design", "context", "distant_kept", *CORPORA]]
+    write_text(out / f"{args.name}.md", f"{_setting(args, config)}\n\n{markdown_table(shown, '.3g')}\n")
+    points = pd.DataFrame({"design": frame["design"] + " at " + frame["context"].astype(str),
+                           "domain_change": frame["books_by_book_change"], "other_change": frame["wikitext2_change"],
+                           "distant_kept": frame["distant_kept"]})
+    plot_tradeoff(points, out / f"{args.name}_tradeoff.png", "held-out novel (test)", "WikiText-2 (test)",
+                  note=f"{args.split} splits, {args.max_tokens} tokens per corpus and context; every design on the "
+                       f"same frozen SmolLM2 under the same window and sinks ({args.name}.md)")
 
 
 def _setting(args, config: FocusConfig) -> str:
     return (f"SmolLM2-135M-Instruct, {args.dtype}, hard top-{config.top_k} of {config.num_groups} groups, window "
             f"{config.window}, route_queries={config.route_queries!r}; {args.split} splits, {args.max_tokens} tokens "
             f"per corpus and context, perplexity change against pretrained with paired 95% intervals over the windows; "
-            f"`kmeans`: the centroids spherical k-means leaves on 8 calibration rows, never trained. "
-            f"`benchmarks/training_free.py --contexts {' '.join(map(str, args.contexts))}`.")
+            f"`kmeans`: the centroids spherical k-means leaves on 8 calibration rows, never trained; "
+            f"`SELECTOR@BUDGET`: a training-free selector keeping that share of each query's distant keys "
+            f"(`focus.attention.selectors`). "
+            f"`benchmarks/training_free.py --contexts {' '.join(map(str, args.contexts))}"
+            f"{''.join(f' --peer {p}' for p in args.peer)}`.")
 
 
 if __name__ == "__main__":
