@@ -39,6 +39,14 @@ def fast_bfloat16() -> bool:
     return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16"))
 
 
+def cpu_name() -> str:
+    """The CPU's model name (Linux), else the machine's architecture."""
+    info = Path("/proc/cpuinfo")
+    names = [line.split(":", 1)[1].strip() for line in (info.read_text().splitlines() if info.exists() else [])
+             if line.startswith("model name")]
+    return names[0] if names else platform.machine()
+
+
 def pairs_kept(length: int, window: int, sinks: int, kept: float) -> tuple[float, float]:
     """(prefill, decoding step) share of the unmodified model's pairs Focus computes at `length` tokens: the window,
     the sinks and `kept` of the distant pairs."""
@@ -101,9 +109,13 @@ def _write(frame: pd.DataFrame, args, dtype: str) -> None:
     shown = frame[["top_k", "prompt", "distant_kept", "prefill_attention_speedup", "prefill_limit", "prefill_of_limit",
                    "prefill_speedup", "decode_attention_speedup", "decode_limit", "decode_of_limit",
                    "decode_speedup"]]
-    crossings = [f"top-{k}: prefill from {crossover(part, 'prefill_speedup')}, decoding from "
-                 f"{crossover(part, 'decode_speedup')}" for k, part in frame.groupby("top_k")]
-    head = (f"SmolLM2-135M-Instruct, {dtype}, {torch.get_num_threads()} threads, {platform.machine()} "
+    def start(part: pd.DataFrame, column: str) -> str:
+        length = crossover(part, column)
+        return f"from {length}" if length is not None else f"never up to {part['prompt'].max()}"
+
+    crossings = [f"top-{k}: prefill {start(part, 'prefill_speedup')}, decoding {start(part, 'decode_speedup')}"
+                 for k, part in frame.groupby("top_k")]
+    head = (f"SmolLM2-135M-Instruct, {dtype}, {torch.get_num_threads()} threads, {cpu_name()} "
             f"({'bfloat16 in hardware' if fast_bfloat16() else 'no bfloat16 in hardware'}); adapter {args.adapter}; "
             f"native FocusCache, {args.new_tokens} new tokens, medians of {args.rounds} rounds in turns. Speedups are "
             f"unmodified / Focus: `*_attention_speedup` the seconds inside the attention functions (Focus's routing "

@@ -100,7 +100,7 @@ def test_clusters_keep_whole_clusters_by_the_querys_routing(route_queries):
 
     torch.manual_seed(0)
     layer = Layer(selector="clusters", budget=0.4, num_groups=4, route_queries=route_queries)
-    layer.focus_centroids = torch.nn.Parameter(torch.randn(2, 4, 8))
+    layer.focus_centroids = torch.nn.Parameter(torch.randn(2, 4, 8), requires_grad=False)  # inference: no Sinkhorn
     layer.register_buffer("focus_group_bias", torch.zeros(2, 4))
     query, key, base, valid = case(padded=5)
     with torch.no_grad():
