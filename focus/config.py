@@ -267,6 +267,9 @@ class FocusConfig:
         for layer, head in map(dense_head_address, self.dense_heads):
             by_layer.setdefault(layer, []).append(head)
         object.__setattr__(self, "_dense_by_layer", by_layer)
+        if self.selector == "clusters" and self.route_on != "key":
+            raise ConfigError(f"FocusConfig.selector='clusters' ranks key clusters by the query: it needs "
+                              f"route_on='key', got {self.route_on!r}")
         if not 0 <= self.budget <= 1:
             raise ConfigError(f"FocusConfig.budget must be in [0, 1], got {self.budget}")
         if not (self.distill >= 0 and math.isfinite(self.distill)):

@@ -122,6 +122,8 @@ def test_clusters_keep_whole_clusters_by_the_querys_routing(route_queries):
 def test_budget_outside_zero_to_one_is_refused():
     with pytest.raises(ConfigError, match="budget"):
         FocusConfig(selector="quest", budget=1.5)
+    with pytest.raises(ConfigError, match="route_on='key'"):
+        FocusConfig(selector="clusters", route_on="value", route_queries="key", unrotate=False)
 
 
 def test_a_selector_runs_on_the_dense_masked_kernel_and_only_in_hard_inference():

@@ -299,6 +299,8 @@ def attention_clock() -> Iterator[dict]:
         return call
 
     names = [name for name in ALL_ATTENTION_FUNCTIONS if name in ("sdpa", "eager", "focus")]
+    overridden = {name: ALL_ATTENTION_FUNCTIONS._local_mapping[name] for name in names
+                  if name in ALL_ATTENTION_FUNCTIONS._local_mapping}  # restored as they were, not dropped
     for name in names:
         ALL_ATTENTION_FUNCTIONS[name] = timed(ALL_ATTENTION_FUNCTIONS[name])  # a local override of the global entry
     try:
@@ -306,6 +308,8 @@ def attention_clock() -> Iterator[dict]:
     finally:
         for name in names:
             del ALL_ATTENTION_FUNCTIONS[name]
+        for name, function in overridden.items():
+            ALL_ATTENTION_FUNCTIONS[name] = function
 
 
 def _prefill(model, ids: torch.Tensor, cache) -> tuple[float, torch.Tensor]:
