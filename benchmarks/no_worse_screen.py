@@ -75,6 +75,8 @@ DESIGNS = {  # in the order they run: a deadline cuts the last ones
     "mix50_kl10_len2k": {"broad_share": 0.5, "distill": 10.0, "seq_len": 2048, "batch_size": 1},
     # The window axis: a 256-token window leaves a 512-token row no room for retrieval rows; a 2K row has it.
     "mix50_kl10_len2k_w256": {"broad_share": 0.5, "distill": 10.0, "seq_len": 2048, "batch_size": 1, "window": 256},
+    # The chosen recipe at the peers' lower budget (issue 47): one group of 16 per token instead of two.
+    "mix50_kl10_top1": {"broad_share": 0.5, "distill": 10.0, "top_k": 1},
 }
 ROW_FIELDS = ("seq_len", "batch_size")  # how a design's rows are cut, not how Focus or its job is set
 
@@ -218,7 +220,7 @@ def _score(model, tokenizer, tokens: dict[str, torch.Tensor], args) -> dict:
 
 
 def _row(name: str, design: dict, found: dict, base: dict, kept: float | None, summary: dict) -> dict:
-    row = {"design": name, **{key: design.get(key, "") for key in ("broad_share", "distill", "window")},
+    row = {"design": name, **{key: design.get(key, "") for key in ("broad_share", "distill", "window", "top_k")},
            "distant_kept": kept}
     for corpus in CORPORA:
         row[f"{corpus}_ppl"] = found[corpus]["ppl"]
@@ -315,7 +317,8 @@ def table_from_scores(path: Path) -> pd.DataFrame:
 
 def _write(rows: list[dict], stem: Path, args, split: str) -> None:
     frame = pd.DataFrame(rows)
-    setting = (f"SmolLM2-135M-Instruct, {args.dtype}, {split} splits, hard top-2: perplexity on {args.max_tokens} "
+    setting = (f"SmolLM2-135M-Instruct, {args.dtype}, {split} splits, hard top-2 unless `top_k` says otherwise: "
+               f"perplexity on {args.max_tokens} "
                "tokens at context 512 (change against pretrained, paired 95% interval over the windows), pass-key "
                f"{len(DEPTHS) * args.needle_trials} trials per length ({', '.join(map(str, args.needle_lengths))}) "
                f"on the {split} novel; {args.steps} centroid steps of {args.batch_size} x 512 tokens per design.")

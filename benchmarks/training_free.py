@@ -14,7 +14,10 @@ scored beside them. Scored on the TEST
 splits (no choice is made here) of the held-out novel (`books_by_book`), the non-fiction and WikiText-2 at each of
 `--contexts`, against the pretrained model in the same run (paired 95% intervals over the windows), and the share of
 distant pairs each keeps. Written to <out>/<name>.{csv,md}, and <out>/<name>_tradeoff.{png,svg}: each design's
-held-out novel change against its WikiText-2 change (`focus.report.study.plot_tradeoff`).
+held-out novel change against its WikiText-2 change (`focus.report.study.plot_tradeoff`). Every design's per-window
+NLLs go to <out>/<name>_windows.csv, and <out>/<name>_against_<reference>.{csv,md} pairs each design with `--reference`
+(default the first adapter; `--redraw --reference OTHER` pairs with another) on the same windows: its perplexity over
+the reference's, with the 95% interval of that difference.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ def main() -> None:
     parser.add_argument("--no-kmeans", action="store_true", help="leave out the untrained top-k design")
     parser.add_argument("--name", default="training_free", help="the tables' file stem")
     parser.add_argument("--save-adapters", help="folder to save each untrained design in as an adapter (for RULER)")
+    parser.add_argument("--reference", help="the design every other is paired with (default: the first adapter)")
     parser.add_argument("--redraw", action="store_true", help="only write the table's text and figure from its CSV")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
@@ -60,8 +64,11 @@ def main() -> None:
     if not adapters:
         parser.error("give the trained design with --adapter NAME=FOLDER: kmeans takes its FocusConfig")
     config = FocusConfig.from_dict(read_adapter_config(Path(next(iter(adapters.values()))))["focus_config"])
+    args.reference = args.reference or next(iter(adapters))
     if args.redraw:  # the table's text and figure again, from its CSV
-        _write(pd.read_csv(Path(args.out) / f"{args.name}.csv"), args, config)
+        out = Path(args.out)
+        windows = out / f"{args.name}_windows.csv"
+        _write(pd.read_csv(out / f"{args.name}.csv"), pd.read_csv(windows) if windows.is_file() else None, args, config)
         return
     model, _ = load_model(PACKAGED_SMOLLM2, getattr(torch, args.dtype))
     tokens = {c: read_tokens(Path(args.tokens) / f"{c}.tokens.safetensors", args.split)[: args.max_tokens]
@@ -78,7 +85,7 @@ def main() -> None:
     tic = time.perf_counter()
     base = score()
     print(f"pretrained scored in {time.perf_counter() - tic:.0f} s", flush=True)
-    rows = []
+    rows, windows = [], _windows("pretrained", base)
     peers = {f"{spec.replace(':', '@')}": dict(zip(("selector", "budget"), spec.split(":"))) for spec in args.peer}
     for name in [*(() if args.no_kmeans else ("kmeans",)), *peers, *adapters]:
         tic = time.perf_counter()
@@ -103,14 +110,47 @@ def main() -> None:
                             f"{c}_change": ratio, f"{c}_low": low, f"{c}_high": high, c: f"{ratio:+.2%} [{low:+.2%}, "
                             f"{high:+.2%}]"})
             rows.append(row)
+        windows += _windows(name, found)
         print(f"{name} scored in {time.perf_counter() - tic:.0f} s: {rows[-len(args.contexts):]}", flush=True)
-        _write(pd.DataFrame(rows), args, config)
+        _write(pd.DataFrame(rows), pd.DataFrame(windows), args, config)
 
 
-def _write(frame: pd.DataFrame, args, config: FocusConfig) -> None:
-    """<out>/<name>.{csv,md} and the trade-off figure <out>/<name>_tradeoff.{png,svg} of the designs scored so far."""
+def _windows(design: str, scores: dict) -> list[dict]:
+    """One row per scored window: design, corpus, context, window (its index), nll (its mean per token)."""
+    return [{"design": design, "corpus": c, "context": n, "window": i, "nll": nll}
+            for (c, n), found in scores.items() for i, nll in enumerate(found["window_nll"])]
+
+
+def _against(windows: pd.DataFrame, reference: str) -> pd.DataFrame:
+    """Each design (not pretrained, not `reference`) against `reference` on the same windows, per corpus and context:
+    its perplexity over the reference's - 1 with the paired 95% interval (above zero: the reference is better)."""
+    nll = windows.pivot_table(index=["corpus", "context", "window"], columns="design", values="nll")
+    rows = []
+    for design in dict.fromkeys(windows["design"]):
+        if design in ("pretrained", reference):
+            continue
+        row = {"design": design, "reference": reference}
+        for (corpus, context), cell in nll.groupby(level=["corpus", "context"]):
+            ratio, low, high = paired_ratio(cell[design].tolist(), cell[reference].tolist())
+            row[f"{corpus} at {context}"] = f"{ratio:+.2%} [{low:+.2%}, {high:+.2%}]"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _write(frame: pd.DataFrame, windows: pd.DataFrame | None, args, config: FocusConfig) -> None:
+    """<out>/<name>.{csv,md}, the trade-off figure <out>/<name>_tradeoff.{png,svg} of the designs scored so far, and
+    (with their window NLLs) <out>/<name>_windows.csv and the paired table <out>/<name>_against_<reference>.{csv,md}."""
     out = Path(args.out)
     write_text(out / f"{args.name}.csv", frame.to_csv(index=False))
+    if windows is not None:
+        write_text(out / f"{args.name}_windows.csv", windows.to_csv(index=False))
+    if windows is not None and args.reference in set(windows["design"]):
+        stem = out / f"{args.name}_against_{args.reference}"
+        against = _against(windows, args.reference)
+        write_text(Path(f"{stem}.csv"), against.to_csv(index=False))
+        write_text(Path(f"{stem}.md"), f"Each design's perplexity over `{args.reference}`'s on the same windows "
+                   f"- 1, paired 95% interval (above zero: `{args.reference}` is better). {_setting(args, config)}"
+                   f"\n\n{markdown_table(against, '.3g')}\n")
     shown = frame[["design", "context", "distant_kept", *CORPORA]]
     write_text(out / f"{args.name}.md", f"{_setting(args, config)}\n\n{markdown_table(shown, '.3g')}\n")
     points = pd.DataFrame({"design": frame["design"] + " at " + frame["context"].astype(str),

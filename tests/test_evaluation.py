@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -20,7 +21,8 @@ from focus.models import load_model, tiny_model
 from focus.pipeline.jobs import TrainingJob
 from focus.pipeline.methods import lora_name, method_variant, parse_lora_name
 from focus.pipeline.stages import evaluate_benchmarks, load_method, train_lora
-from focus.report.claims import CLAIMS, FAILS, HOLDS, UNTESTED, judge_claims
+from focus.report.claims import BEYOND_THE_PAPER, CLAIMS, FAILS, HOLDS, UNTESTED, judge_claims
+from focus.report.peers import peers_frame, write_peers
 from focus.train.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -175,8 +177,55 @@ def test_claims_report_lists_every_claim_of_the_paper():
     assert len(paper) == 8
     assert [(c.claim, c.paper) for c in CLAIMS] == paper
     frame = judge_claims({"main_model": "m", "train_domain": "books"})  # nothing measured
-    assert list(frame["claim"]) == [claim for claim, _ in paper]
+    assert list(frame["claim"]) == [claim for claim, _ in paper] + [claim.claim for claim in BEYOND_THE_PAPER]
     assert (frame["verdict"] == UNTESTED).all()
+
+
+def _perplexity_records(folder: Path, shifts: dict[str, dict[str, float]], kept: dict[str, float]) -> list[Path]:
+    """Perplexity records of one model on two domains: pretrained's window NLLs, each method's shifted per domain
+    (with a little per-window noise, so that paired intervals have a width)."""
+    base = [3.0 + 0.1 * i for i in range(8)]
+    paths = []
+    for method, by_domain in {"pretrained": {"books": 0.0, "wikitext2": 0.0}, **shifts}.items():
+        for domain, shift in by_domain.items():
+            nll = [value + shift + 0.001 * len(method) * (-1) ** i for i, value in enumerate(base)]
+            record = {"model": "m", "domain": domain, "method": method, "window_nll": nll,
+                      "perplexity": float(torch.tensor(nll).mean().exp()), "distant_kept": kept.get(method)}
+            paths.append(folder / f"{method}_{domain}.json")
+            paths[-1].write_text(json.dumps(record))
+    return paths
+
+
+def test_peers_table_pairs_each_peer_with_the_trained_router_on_the_same_windows(tmp_path):
+    shifts = {"focus-hard": {"books": 0.01, "wikitext2": 0.02}, "quest@0.3": {"books": 0.03, "wikitext2": 0.05},
+              "focus-soft": {"books": 0.0, "wikitext2": 0.0}}
+    frame = peers_frame(_perplexity_records(tmp_path, shifts, {"focus-hard": 0.3, "quest@0.3": 0.31}), "focus-hard")
+    assert sorted(zip(frame["domain"], frame["design"], frame["kind"])) == [
+        ("books", "focus-hard", "trained"), ("books", "quest@0.3", "peer"),
+        ("wikitext2", "focus-hard", "trained"), ("wikitext2", "quest@0.3", "peer")]  # not the soft mode
+    quest = frame.set_index(["design", "domain"]).loc[("quest@0.3", "wikitext2")]
+    assert quest["against_router"] == pytest.approx(math.expm1(0.03))  # the NLL gap, per window
+    assert quest["against_router_low"] < quest["against_router"] < quest["against_router_high"]
+    assert quest["change"] == pytest.approx(math.expm1(0.05)) and quest["distant_kept"] == 0.31
+    write_peers(frame, tmp_path / "peers.csv", tmp_path / "peers.png", "books", "wikitext2")
+    assert "+3.05% [" in (tmp_path / "peers.md").read_text() and (tmp_path / "peers.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize(("quest_books", "verdict"), [(0.03, HOLDS), (0.005, FAILS)])
+def test_learned_router_verdict_judges_the_peers_at_its_budget_only(tmp_path, quest_books, verdict):
+    shifts = {"focus-hard": {"books": 0.01, "wikitext2": 0.02},
+              "quest@0.3": {"books": quest_books, "wikitext2": 0.05},
+              "streaming@0": {"books": -0.5, "wikitext2": -0.5}}  # better, but at a third of the budget: not judged
+    kept = {"focus-hard": 0.30, "quest@0.3": 0.29, "streaming@0": 0.1}
+    peers = peers_frame(_perplexity_records(tmp_path, shifts, kept), "focus-hard")
+    row = judge_claims({"main_model": "m", "train_domain": "books", "peers": peers}).set_index("claim").loc[
+        "a learned router beats training-free selection at the same budget"]
+    assert row["verdict"] == verdict
+    assert "lower budget, not judged: streaming@0" in row["setting"] and "focus-hard keeps 30%" in row["setting"]
+    assert f"smallest margin quest@0.3 on books {math.expm1(quest_books - 0.01):+.2%} [" in row["ours"]
+    only_lower = peers[peers["design"] != "quest@0.3"]
+    row = judge_claims({"main_model": "m", "train_domain": "books", "peers": only_lower}).iloc[-1]
+    assert row["verdict"] == UNTESTED and row["ours"] == "no peer at focus-hard's budget"
 
 
 @pytest.mark.parametrize(("wikitext2", "verdict"), [(20.09, HOLDS), (20.5, FAILS)])

@@ -35,13 +35,14 @@ def test_dry_run_of_the_default_profile_plans_every_stage(tmp_path):
 
 def test_dry_run_of_the_evaluation_profile_plans_the_lora_grid_and_every_method(tmp_path):
     counts = job_counts(snakemake(tmp_path, "-n", "--configfile", str(ROOT / "configs" / "tiny-eval.yaml")).stdout)
-    lora_cells, focus_modes, context_lengths = 2 * 2, 2, 3  # configs/tiny-eval.yaml
+    lora_cells, focus_modes, peers, context_lengths = 2 * 2, 2, 3, 3  # configs/tiny-eval.yaml
     assert counts["train_lora"] == lora_cells and counts["train_focus"] == 1 and "train_full_finetune" not in counts
     assert counts["benchmarks"] == 1 + focus_modes + lora_cells  # pretrained, Focus soft and hard, every LoRA cell
-    assert counts["perplexity"] == (1 + focus_modes + lora_cells) * 2
-    assert counts["long_context_perplexity"] == (1 + focus_modes) * context_lengths
-    assert counts["needle"] == counts["ruler"] == 1 + focus_modes and counts["interpret"] == 1
-    assert counts["evaluation_tables"] == counts["claims"] == 1
+    assert counts["perplexity"] == (1 + focus_modes + lora_cells + peers) * 2
+    assert counts["long_context_perplexity"] == (1 + focus_modes + peers) * context_lengths
+    assert counts["needle"] == counts["ruler"] == 1 + focus_modes + peers and counts["interpret"] == 1
+    assert counts["peer"] == peers  # training-free: built, never trained
+    assert counts["evaluation_tables"] == counts["claims"] == counts["peers_table"] == 1
 
 
 def test_paper_profile_dry_runs_on_the_slurm_executor_with_gpu_resources(tmp_path):
@@ -50,7 +51,8 @@ def test_paper_profile_dry_runs_on_the_slurm_executor_with_gpu_resources(tmp_pat
                        "--workflow-profile", str(ROOT / "profiles" / "slurm"), "-n", "--jobs", "4", env=online)
     counts = job_counts(result.stdout)
     models = yaml.safe_load((ROOT / "configs" / "paper.yaml").read_text())["models"]
-    assert counts["train_focus"] == len(models) == 9 and counts["perplexity"] == 9 * 4 + 12  # + the LoRA cells
+    assert counts["train_focus"] == len(models) == 9 and counts["peer"] == 2 * 3  # 2 models x 3 training-free peers
+    assert counts["perplexity"] == 9 * 4 + 12 + 2 * 3  # + the LoRA cells and the peers
     # Every training job asks for its model's GPUs on one node (one process per GPU); 70B on 8.
     for rule in ("train_focus", "train_full_finetune"):
         gpus = {}
@@ -61,7 +63,7 @@ def test_paper_profile_dry_runs_on_the_slurm_executor_with_gpu_resources(tmp_pat
         assert gpus == {name: spec.get("gpus", 1) for name, spec in models.items()}
         assert gpus["llama-3.1-70b"] == 8 and gpus["llama-3.1-8b"] == 2 and gpus["gpt2"] == 1
     # Every evaluation job asks for its model's eval_gpus on one node (one process, layers spread); 70B on 4.
-    for rule in ("perplexity", "benchmarks", "long_context_perplexity", "needle", "interpret"):
+    for rule in ("peer", "perplexity", "benchmarks", "long_context_perplexity", "needle", "interpret"):
         for job in (block for block in result.stdout.split("\n\n") if f"rule {rule}:" in block):
             model = re.search(r"wildcards: model=([\w.-]+)", job)[1]
             assert re.search(r"resources:.*\bnodes=1\b", job)

@@ -12,7 +12,7 @@ import pytest
 from helpers import wandb_file
 from helpers.pipeline import job_counts, snakemake
 
-from focus.report.claims import CLAIMS
+from focus.report.claims import BEYOND_THE_PAPER, CLAIMS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore::DeprecationWa
 def test_minimal_run_writes_sane_artifacts(mini_run):
     _, results = mini_run
     table = pd.read_csv(results / "tables" / "perplexity.csv")
-    assert len(table) == 2 * 4 + 1  # models x methods, one domain; + the LoRA cell of tiny-qwen2
+    assert len(table) == 2 * 4 + 2  # models x methods, one domain; + the LoRA cell and the peer of tiny-qwen2
     ppl = table.set_index(["model", "method"])["perplexity"]
     assert 10 < ppl["smollm2", "pretrained"] < 60  # SmolLM2 on books text at context 128
     for method in ("full_finetune", "focus-soft", "focus-hard"):
@@ -70,12 +70,24 @@ def test_minimal_run_writes_sane_artifacts(mini_run):
     long_context = pd.read_csv(results / "tables" / "long_context.csv")
     assert set(long_context["measure"]) == {"perplexity", "needle_accuracy", "needle_key_logprob"}
     ruler = pd.read_csv(results / "tables" / "ruler.csv")  # niah_single_2 reads essays from the hub: skipped
-    assert len(ruler) == 3 and set(ruler["task"]) == {"niah_single_1"} and set(ruler["documents"]) == {1}
+    assert len(ruler) == 4 and set(ruler["task"]) == {"niah_single_1"} and set(ruler["documents"]) == {1}  # + the peer
     record = json.loads((results / "long_context" / "tiny-qwen2" / "focus-hard" / "ruler.json").read_text())
     assert record["tasks"]["niah_single_2"] == {"skipped": "not in the data mirror and the hub is offline"}
     claims = pd.read_csv(results / "tables" / "claims.csv")
     assert "RULER 1 tasks at 256 tokens" in claims.set_index("claim").loc["downstream benchmarks after retrofit", "setting"]
-    assert len(claims) == len(CLAIMS) and set(claims["verdict"]) <= {"holds", "does not hold", "not testable in this profile"}
+    assert len(claims) == len(CLAIMS) + len(BEYOND_THE_PAPER)
+    assert set(claims["verdict"]) <= {"holds", "does not hold", "not testable in this profile"}
+    # The training-free peer: built (never trained) with its selector, scored on the trained router's windows.
+    peer = json.loads((results / "peers" / "tiny-qwen2" / "quest@0.5" / "adapter" / "focus_config.json").read_text())
+    assert (peer["focus_config"]["selector"], peer["focus_config"]["budget"]) == ("quest", 0.5)
+    peers = pd.read_csv(results / "tables" / "peers.csv").set_index("design")
+    assert list(peers.index) == ["focus-hard", "quest@0.5"] and (peers["domain"] == "books").all()
+    assert 0 < peers.loc["focus-hard", "distant_kept"] < 1 and 0.5 <= peers.loc["quest@0.5", "distant_kept"] < 1
+    assert math.isfinite(peers.loc["quest@0.5", "against_router"])
+    router = claims.set_index("claim").loc["a learned router beats training-free selection at the same budget"]
+    assert "quest@0.5" in router["ours"] + router["setting"]
+    ruler = json.loads((results / "long_context" / "tiny-qwen2" / "quest@0.5" / "ruler.json").read_text())
+    assert ruler["focus_config"]["selector"] == "quest"
 
     study = pd.read_csv(results / "tables" / "study.csv").set_index("design")
     assert list(study.index) == ["pretrained", "focus"]
@@ -150,8 +162,8 @@ def test_forcerun_rebuilds_only_the_rule_and_its_dependants(mini_run):
     planned = job_counts(snakemake(workdir, "--configfile", config, "-n", "--forcerun", "train_focus").stdout)
     assert planned == {"train_focus": 2, "perplexity": 2 * 2, "perplexity_validation": 2 * 2, "benchmarks": 2,
                        "long_context_perplexity": 2 * 2, "needle": 2, "ruler": 2, "interpret": 1, "evaluation_tables": 1,
-                       "tables": 1, "study": 1, "claims": 1, "figures": 1, "wandb_report": 1,
-                       "notebook": 1, "all": 1}  # not tokenize, the baselines (full, LoRA), or their evaluations
+                       "tables": 1, "study": 1, "peers_table": 1, "claims": 1, "figures": 1, "wandb_report": 1,
+                       "notebook": 1, "all": 1}  # not tokenize, the baselines (full, LoRA, peer), or their evaluations
 
     files = [p for p in results.rglob("*") if p.is_file() and "wandb" not in p.parts]
     before = {p: p.stat().st_mtime_ns for p in files}

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from focus.config import ConfigError
-from focus.pipeline.methods import method_variant
+from focus.pipeline.methods import method_kind, method_variant, parse_peer_name, peer_name
 from focus.pipeline.profile import resolve_profile
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,9 +71,26 @@ def test_evaluation_profile_resolves_the_lora_grid_and_the_methods_of_each_stage
     profile = resolve_profile(yaml.safe_load((ROOT / "configs" / "tiny-eval.yaml").read_text()), SCHEMA)
     grid = ["lora_r4_lr1e-4", "lora_r4_lr1e-3", "lora_r16_lr1e-4", "lora_r16_lr1e-3"]
     assert list(profile["lora"]["grid"]) == grid and profile["lora"]["grid"]["lora_r16_lr1e-3"]["alpha"] == 32
-    assert profile["models"]["smollm2"]["methods"] == ["pretrained", "focus-soft", "focus-hard", *grid]
-    assert profile["harness"]["methods"] == ["pretrained", "focus-soft", "focus-hard", *grid]
-    assert profile["long_context"]["methods"] == ["pretrained", "focus-soft", "focus-hard"]
+    peers = ["quest@0.26", "clusters@0.25", "streaming@0.3"]
+    assert profile["models"]["smollm2"]["methods"] == ["pretrained", "focus-soft", "focus-hard", *grid, *peers]
+    assert profile["harness"]["methods"] == ["pretrained", "focus-soft", "focus-hard", *grid]  # peers: no lm-eval
+    assert profile["long_context"]["methods"] == ["pretrained", "focus-soft", "focus-hard", *peers]
+
+
+def test_peers_run_hard_under_the_first_variants_window_with_their_selector_and_budget():
+    config = tiny()
+    config["variants"] = {"w64": {"window": 64}, "w256": {"window": 256}}
+    config["peers"] = {"models": ["smollm2"], "selectors": ["quest@0.3", "streaming@0"]}
+    profile = resolve_profile(config, SCHEMA)
+    assert profile["peers"] == {"models": ["smollm2"], "methods": ["quest@0.3", "streaming@0"]}
+    smollm2, gpt2 = profile["models"]["smollm2"], profile["models"]["tiny-gpt2"]
+    quest = smollm2["peers"]["quest@0.3"]
+    assert (quest["selector"], quest["budget"], quest["mode"], quest["window"]) == ("quest", 0.3, "hard", 64)
+    assert smollm2["peers"]["streaming@0"]["budget"] == 0
+    assert smollm2["methods"][-2:] == ["quest@0.3", "streaming@0"]
+    assert "peers" not in gpt2 and not any("@" in method for method in gpt2["methods"])
+    assert method_variant("quest@0.3") is None and method_kind("quest@0.3") == "peer"
+    assert parse_peer_name(peer_name("clusters", 0.25)) == ("clusters", 0.25)
 
 
 def test_study_profile_resolves_its_designs_and_the_splits_they_are_chosen_on():
@@ -168,6 +185,16 @@ BAD = {
         lambda c: c["models"]["smollm2"].update(gpus=3),
         "models.smollm2.centroids.batch_size (2) must be a multiple of models.smollm2.gpus (3)",
     ),
+    "peer with an unknown selector": (lambda c: c.update(peers={"selectors": ["quest@0.3", "oracle@0.3"]}),
+                                      "peers.selectors oracle@0.3: FocusConfig.selector must be one of"),
+    "peer that is the trained router": (lambda c: c.update(peers={"selectors": ["centroids@0.3"]}),
+                                        "peers.selectors centroids@0.3: 'centroids' is the trained router"),
+    "peer budget above one": (lambda c: c.update(peers={"selectors": ["quest@1.5"]}),
+                              "peers.selectors quest@1.5: FocusConfig.budget must be in [0, 1], got 1.5"),
+    "peer without a budget": (lambda c: c.update(peers={"selectors": ["quest"]}),
+                              "peers.selectors.0: 'quest' does not match"),
+    "peers of an unknown model": (lambda c: c.update(peers={"models": ["gpt9"], "selectors": ["quest@0.3"]}),
+                                  "peers.models: 'gpt9' is not one of this profile's models"),
     "window over the whole training row": (
         lambda c: c["focus"].update(window=512),
         "models.smollm2 variant focus: focus.window (512) must be < train.seq_len (512): a window over the whole row",

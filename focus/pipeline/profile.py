@@ -14,7 +14,7 @@ from focus.config import ConfigError, FocusConfig, to_dict, yaml_number_hint
 from focus.data import MirrorError, corpus_location, verify_mirror_file
 from focus.eval.config import InterpretConfig
 from focus.eval.harness import mirror_task_files
-from focus.pipeline.methods import FULL_FINETUNE, MODES, PRETRAINED, lora_name, method_variant
+from focus.pipeline.methods import FULL_FINETUNE, MODES, PRETRAINED, lora_name, method_variant, parse_peer_name
 from focus.sources import PACKAGED_SMOLLM2, check_model_source, position_limit
 from focus.train.config import ScratchModel, TrainConfig
 
@@ -27,7 +27,8 @@ def resolve_profile(config: dict[str, Any], schema: dict[str, Any]) -> dict[str,
     and per model `dtype`, `variants` ({variant: FocusConfig dict}), `centroids` and `full_finetune` (TrainConfig
     dicts; `full_finetune` None when off), `gpus` (GPUs a training job asks for, one process each; 0 asks
     none) and `eval_gpus` (GPUs an evaluation job asks for and spreads the model over), each defaulting to the
-    profile's own `gpus` / `eval_gpus`, themselves 0 by default.
+    profile's own `gpus` / `eval_gpus`, themselves 0 by default; `methods` per model (the profile's, its LoRA cells,
+    its peers) and, for the models `peers` covers, `peers` ({"<selector>@<budget>": FocusConfig dict}).
 
     Raises:
         ConfigError: one line naming the key and what is wrong with it.
@@ -83,7 +84,9 @@ def resolve_profile(config: dict[str, Any], schema: dict[str, Any]) -> dict[str,
                             ("decode.generate_settings", decode.get("generate_settings", []))):
         for groups, window, top_k in settings:
             _focus_dict(f"benchmark.{where}", {"num_groups": groups, "window": window, "top_k": top_k})
-    profile.update(_evaluation_sections(config, models, profile["methods"]))
+    if config.get("peers") is not None:
+        profile["peers"] = _peers_dict(config["peers"], models)
+    profile.update(_evaluation_sections(config, models, profile["methods"], profile.get("peers")))
     if config.get("interpret") is not None:
         profile["interpret"] = _interpret_dict(config["interpret"], models)
     if config.get("scratch") is not None:
@@ -154,9 +157,29 @@ def _interpret_dict(section: dict[str, Any], models: dict[str, Any]) -> dict[str
     return {"models": chosen, **to_dict(fields)}
 
 
-def _evaluation_sections(config: dict[str, Any], models: dict[str, Any], methods: list[str]) -> dict[str, Any]:
+def _peers_dict(section: dict[str, Any], models: dict[str, Any]) -> dict[str, Any]:
+    """The `peers` section resolved: `models` (default all), `methods` (the selectors' names as written), and per
+    covered model `peers` ({name: FocusConfig dict}): its first variant's config, hard, with that selector and budget
+    (the same window, sinks and groups as the trained router it is compared with)."""
+    chosen = _section_models("peers", section, models)
+    for name in chosen:
+        first = next(iter(models[name]["variants"].values()))
+        models[name]["peers"] = {}
+        for peer in section["selectors"]:
+            selector, budget = parse_peer_name(peer)
+            where = f"peers.selectors {peer}"
+            if selector == "centroids":
+                raise ConfigError(f"{where}: 'centroids' is the trained router, not a training-free peer")
+            models[name]["peers"][peer] = _focus_dict(where, {**first, "mode": "hard", "selector": selector,
+                                                              "budget": budget})
+    return {"models": chosen, "methods": list(section["selectors"])}
+
+
+def _evaluation_sections(config: dict[str, Any], models: dict[str, Any], methods: list[str],
+                         peers: dict[str, Any] | None = None) -> dict[str, Any]:
     """The `lora`, `harness` and `long_context` sections resolved, each with its `models` checked and the methods
-    it covers; adds each model's own `methods` (the profile's, plus the LoRA grid for the models it trains)."""
+    it covers; adds each model's own `methods` (the profile's, plus the LoRA grid for the models it trains and the
+    training-free peers for the models `peers` covers)."""
     resolved: dict[str, Any] = {}
     lora_methods: list[str] = []
     if config.get("lora") is not None:
@@ -169,8 +192,10 @@ def _evaluation_sections(config: dict[str, Any], models: dict[str, Any], methods
         }
         lora_methods = list(lora["grid"])
         resolved["lora"] = lora
+    peer_methods = peers["methods"] if peers else []
     for name, model in models.items():
         model["methods"] = methods + (lora_methods if name in resolved.get("lora", {}).get("models", []) else [])
+        model["methods"] += peer_methods if name in (peers or {}).get("models", []) else []
     focus_methods = [method for method in methods if method_variant(method) is not None]
     if config.get("harness") is not None:
         harness = {"limit": None, "batch_size": 8, "chat_tasks": [], **config["harness"]}
@@ -180,7 +205,7 @@ def _evaluation_sections(config: dict[str, Any], models: dict[str, Any], methods
     if config.get("long_context") is not None:
         long_context = {"batch_size": 1, "max_tokens": None, "needle": None, "ruler": None, **config["long_context"]}
         long_context["models"] = _section_models("long_context", long_context, models)
-        long_context["methods"] = [PRETRAINED, *focus_methods]
+        long_context["methods"] = [PRETRAINED, *focus_methods, *peer_methods]  # each model's own: see its methods
         domain = long_context["domain"]
         if "test" not in config["data"]["domains"].get(domain, []):
             raise ConfigError(f"data.domains.{domain}: long_context needs split 'test'; list it there")

@@ -28,7 +28,7 @@ from safetensors.torch import save_file
 
 from focus.adapter import load_focus, read_adapter_config, save_focus
 from focus.config import FocusConfig, to_dict
-from focus.data import corpus_location, load_corpus, tokenize_corpus
+from focus.data import chunk_tokens, corpus_location, load_corpus, tokenize_corpus
 from focus.distributed import (
     barrier,
     frozen_checksum,
@@ -37,6 +37,7 @@ from focus.distributed import (
     shard_model,
     torchrun_process_group,
 )
+from focus.eval.diagnostics import distant_attention_recall
 from focus.eval.harness import run_tasks, write_mirror_tasks, write_samples
 from focus.eval.needle import needle_trials
 from focus.eval.perplexity import perplexity
@@ -51,7 +52,7 @@ from focus.pipeline.jobs import (
     default_device,
     read_tokens,
 )
-from focus.pipeline.methods import FULL_FINETUNE, method_variant, parse_lora_name
+from focus.pipeline.methods import FULL_FINETUNE, method_variant, parse_lora_name, parse_peer_name
 from focus.provenance import provenance
 from focus.retrofit import apply_focus, calibrate_centroids, focus_parameter_count, set_focus_mode
 from focus.train.loop import evaluate_loss
@@ -119,6 +120,20 @@ def train_focus(
         if is_main_process():
             write_model_card(adapter_dir, training={**record, "train": record["train_config"]})
         return job.finish(source, record, weights=adapter_dir)
+
+
+def build_peer(source: str, dtype: str, focus: dict[str, Any], tokens: str | Path, seq_len: int,
+               calibration_rows: int | None, adapter_dir: str | Path) -> Path:
+    """A training-free peer (`focus` names its `selector` and `budget`) saved as an adapter, so that every evaluation
+    stage loads it as it loads a trained one. Its centroids are the k-means of the same calibration rows a training
+    job of `tokens` starts from (`TrainingJob.rows`): the 'clusters' selector ranks those key clusters; the others
+    never read them. Nothing is trained. `calibration_rows` None: a training job's default."""
+    calibration_rows = TrainingJob.calibration_rows if calibration_rows is None else calibration_rows
+    model, _ = load_model(source, _DTYPES[dtype], inference_device())
+    calibration = chunk_tokens(read_tokens(tokens, "train"), seq_len)[:calibration_rows]
+    apply_focus(model, FocusConfig.from_dict(focus), calibration_ids=calibration if calibration_rows else None)
+    write_folder_atomically(Path(adapter_dir), lambda folder: save_focus(model, folder, base_model=source))
+    return Path(adapter_dir)
 
 
 def reference_evaluation(model: torch.nn.Module, eval_data: torch.Tensor, config: FocusConfig) -> dict[str, float]:
@@ -208,6 +223,10 @@ def train_lora(
     return job.finish(source, record, weights=adapter_dir, kind="lora-adapter")
 
 
+KEPT_ROWS = 2
+"""Rows a hard method's share of distant pairs kept (`distant_kept`) is measured on: the first of the scored split."""
+
+
 def evaluate_perplexity(
     source: str,
     dtype: str,
@@ -238,6 +257,10 @@ def evaluate_perplexity(
     ids = ids[:max_tokens] if max_tokens else ids
     tic = time.perf_counter()
     result = perplexity(model, ids, context_length, stride or context_length, batch_size, progress=progress)
+    kept = None
+    if method.endswith("-hard") or parse_peer_name(method):  # the budget a hard pattern spends, on its first rows
+        with torch.no_grad():
+            kept = distant_attention_recall(model, chunk_tokens(ids, context_length)[:KEPT_ROWS], batch_size=1)["kept"]
     record = {
         **(labels or {}),
         "method": method,
@@ -248,6 +271,7 @@ def evaluate_perplexity(
         "tokens": result["tokens"],
         "window_nll": result["window_nll"],
         "window_tokens": result["window_tokens"],
+        "distant_kept": kept,
         "context_length": context_length,
         "stride": stride or context_length,
         "seconds": round(time.perf_counter() - tic, 2),
@@ -378,9 +402,10 @@ def load_method(
 
     "pretrained": `source` as is; "full_finetune": the fine-tuned model folder `trained`; "<variant>-soft|hard":
     `source` with the Focus adapter `trained` in that routing mode and `focus_changes` (settings that need no
-    training, `set_focus_mode`'s); a `lora_name`: `source` with the LoRA adapter `trained` merged into its weights.
+    training, `set_focus_mode`'s); a `lora_name`: `source` with the LoRA adapter `trained` merged into its weights;
+    a `peer_name`: `source` with the peer's adapter `trained` (`build_peer`), hard.
     """
-    variant = method_variant(method)
+    variant = ("peer", "hard") if parse_peer_name(method) else method_variant(method)
     loaded_from = str(trained) if method == FULL_FINETUNE else source
     model, tokenizer = load_model(loaded_from, _DTYPES[dtype], inference_device())
     if variant is not None:
@@ -393,7 +418,7 @@ def load_method(
 
 def _method_record(method: str, trained: str | Path | None, focus_changes: dict[str, Any] | None = None) -> dict:
     """What a result record says about the method's trained part: the Focus or LoRA config it ran with."""
-    if method_variant(method) is not None:
+    if method_variant(method) is not None or parse_peer_name(method) is not None:
         return {"focus_config": {**read_adapter_config(trained)["focus_config"], **(focus_changes or {})}}
     if parse_lora_name(method) is not None:
         config = json.loads((Path(trained) / "adapter_config.json").read_text())

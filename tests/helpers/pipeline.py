@@ -40,6 +40,8 @@ MINI = {
                      "needle": {"lengths": [96], "depths": [0.5], "trials": 2},
                      "ruler": {"tasks": ["niah_single_1", "niah_single_2"], "lengths": [256], "limit": 1}},
     "interpret": {"models": ["tiny-qwen2"], "tokens": 256, "layers": [0, 1], "top_tokens": 3},
+    # One training-free peer beside the trained router, through every stage a Focus method goes through but lm-eval.
+    "peers": {"models": ["tiny-qwen2"], "selectors": ["quest@0.5"]},
     # The design study's table on the tiny model (its long context, needle and groups are measured above).
     "study": {"model": "tiny-qwen2", "baseline": "focus", "domain": "books"},
 }

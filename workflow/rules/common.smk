@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 
 from focus.config import ConfigError
-from focus.pipeline.methods import FULL_FINETUNE, method_variant
+from focus.pipeline.methods import FULL_FINETUNE, method_variant, parse_peer_name
 from focus.pipeline.profile import resolve_profile
 from focus.pipeline.slurm import wait_for_earlier_jobs
 
@@ -41,6 +41,7 @@ PPL_VALIDATION = P["perplexity"]["validation_domains"]  # also scored on their v
 LORA = P.get("lora") or {"models": [], "grid": {}}
 HARNESS = P.get("harness") or {"models": [], "methods": []}
 LONG = P.get("long_context") or {"models": [], "methods": []}
+PEERS = P.get("peers") or {"models": [], "methods": []}
 WANDB = {"project": "focus", "entity": None, "mode": "offline", **P.get("wandb", {})}
 
 # W&B: offline unless the user configured otherwise; its cache and settings stay inside the results folder.
@@ -60,6 +61,7 @@ wildcard_constraints:
     variant=_alternatives(VARIANTS),
     method=_alternatives(sorted({method for spec in P["models"].values() for method in spec["methods"]})),
     lora=_alternatives(LORA["grid"]),
+    peer=_alternatives(PEERS["methods"]),
     context=r"\d+",
 
 
@@ -72,6 +74,11 @@ def tokens_file(model, domain):
 
 def train_folder(model, variant):
     return f"{R}/train/{model}/{variant}"
+
+
+def peer_adapter(model, peer):
+    """The adapter a training-free peer is evaluated from (built by the peer rule, never trained)."""
+    return f"{R}/peers/{model}/{peer}/adapter"
 
 
 def trained_variants():
@@ -124,19 +131,24 @@ def harness_samples():
     return [f"{R}/harness/{m}/pretrained_samples" for m in HARNESS["models"]]
 
 
+def long_context_methods(model):
+    """The long-context stages' methods for one model: pretrained, the Focus modes, and its peers if it has them."""
+    return [method for method in LONG["methods"] if method in P["models"][model]["methods"]]
+
+
 def long_context_files():
     return [
         f"{R}/long_context/{m}/{method}/ctx{length}.json"
-        for m in LONG["models"] for method in LONG["methods"] for length in LONG["context_lengths"]
+        for m in LONG["models"] for method in long_context_methods(m) for length in LONG["context_lengths"]
     ]
 
 
 def needle_files():
-    return [f"{R}/long_context/{m}/{method}/needle.json" for m in LONG["models"] for method in LONG["methods"]] if LONG.get("needle") else []
+    return [f"{R}/long_context/{m}/{method}/needle.json" for m in LONG["models"] for method in long_context_methods(m)] if LONG.get("needle") else []
 
 
 def ruler_files():
-    return [f"{R}/long_context/{m}/{method}/ruler.json" for m in LONG["models"] for method in LONG["methods"]] if LONG.get("ruler") else []
+    return [f"{R}/long_context/{m}/{method}/ruler.json" for m in LONG["models"] for method in long_context_methods(m)] if LONG.get("ruler") else []
 
 
 TABLES = {name: f"{R}/tables/{name}.csv" for name in ("perplexity", "training")}
@@ -203,6 +215,13 @@ if STUDY:
     STUDY_OTHER = next((d for d in P["perplexity"]["domains"] if d != STUDY["domain"]), None)
     if STUDY_OTHER is not None and "test" in P["perplexity"]["splits"]:
         FIGURES.update(study_tradeoff=f"{R}/figures/study_tradeoff.png")
+# The peers table: the trained router (the first variant, hard) against each training-free selector.
+PEER_ROUTER = f"{VARIANTS[0]}-hard"
+PEER_OTHER = next((d for d in P["perplexity"]["domains"] if d != P["train"]["domain"]), None)
+if PEERS["models"]:
+    TABLES.update(peers=f"{R}/tables/peers.csv")
+    if PEER_OTHER is not None and P["train"]["domain"] in P["perplexity"]["domains"]:
+        FIGURES.update(peers_tradeoff=f"{R}/figures/peers_tradeoff.png")
 EVALUATION_TABLES = [name for name in ("benchmarks", "truthfulqa", "prompt_lengths", "lora", "long_context", "ruler")
                      if name in TABLES]
 TABLES.update(claims=f"{R}/tables/claims.csv")
@@ -242,6 +261,8 @@ def trained_input(model, method):
         return {"trained": f"{train_folder(model, FULL_FINETUNE)}/model"}
     if method in LORA["grid"]:
         return {"trained": f"{train_folder(model, method)}/adapter"}
+    if parse_peer_name(method) is not None:
+        return {"trained": peer_adapter(model, method)}
     return {}
 
 
@@ -285,6 +306,10 @@ def domain_splits(wildcards):
 
 def variant_focus(wildcards):
     return P["models"][wildcards.model]["variants"][wildcards.variant]
+
+
+def peer_focus(wildcards):
+    return P["models"][wildcards.model]["peers"][wildcards.peer]
 
 
 def training_rows(section):

@@ -59,6 +59,31 @@ if EVALUATION_TABLES:
             "../scripts/evaluation_tables.py"
 
 
+if PEERS["models"]:
+
+    rule peers_table:
+        """The trained router against each training-free peer on the same windows (table and trade-off figure)."""
+        conda:
+            ENVIRONMENT
+        input:
+            perplexity=[f"{R}/perplexity/{m}/{method}/{d}.json" for m in PEERS["models"]
+                        for method in ["pretrained", PEER_ROUTER, *PEERS["methods"]] for d in EVAL_DOMAINS],
+        output:
+            csv=report(TABLES["peers"], caption="../report/peers_table.rst", category="Evaluation"),
+            md=TABLES["peers"].replace(".csv", ".md"),
+            **({"figure": report(FIGURES["peers_tradeoff"], caption="../report/peers_tradeoff.rst",
+                                 category="Evaluation"),
+                "figure_svg": FIGURES["peers_tradeoff"].replace(".png", ".svg")} if "peers_tradeoff" in FIGURES else {}),
+        log:
+            f"{R}/logs/peers_table.log",
+        params:
+            router=PEER_ROUTER,
+            domain=P["train"]["domain"],
+            other=PEER_OTHER,
+        script:
+            "../scripts/peers_table.py"
+
+
 rule claims:
     """Every claim of the paper: its number, ours with the setting, and a verdict (Markdown, CSV, W&B)."""
     conda:

@@ -29,6 +29,30 @@ rule train_focus:
         "../scripts/train_focus.py"
 
 
+rule peer:
+    """A training-free peer (peers.selectors) as an adapter: the first variant's window and sinks, its selector and
+    budget, the calibration rows' k-means as centroids (the clusters selector ranks them). Nothing trains."""
+    conda:
+        ENVIRONMENT
+    input:
+        tokens=train_tokens,
+    output:
+        adapter=directory(f"{R}/peers/{{model}}/{{peer}}/adapter"),
+    log:
+        f"{R}/logs/peer/{{model}}/{{peer}}.log",
+    params:
+        source=model_source,
+        dtype=model_dtype,
+        focus=peer_focus,
+        seq_len=TRAIN["seq_len"],
+        calibration_rows=TRAIN.get("calibration_rows"),  # None: a training job's default
+    threads: 1
+    resources:
+        gpu=model_eval_gpus,  # the k-means runs through the model, as an evaluation does
+    script:
+        "../scripts/build_peer.py"
+
+
 rule train_full_finetune:
     """The full-attention baseline: every weight trained on the same rows, steps and batch size."""
     conda:

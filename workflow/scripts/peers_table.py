@@ -1,0 +1,13 @@
+"""Rule peers_table: the trained router against the training-free peers (CSV + Markdown, trade-off figure)."""
+
+from focus.pipeline.start import start_job
+from focus.report.peers import peers_frame, write_peers
+
+start_job(snakemake.log[0], snakemake.threads)
+write_peers(
+    peers_frame(snakemake.input.perplexity, snakemake.params.router),
+    csv=snakemake.output.csv,
+    figure=snakemake.output.get("figure"),
+    domain=snakemake.params.domain,
+    other=snakemake.params.other,
+)
