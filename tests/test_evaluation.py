@@ -199,7 +199,8 @@ def _perplexity_records(folder: Path, shifts: dict[str, dict[str, float]], kept:
 def test_peers_table_pairs_each_peer_with_the_trained_router_on_the_same_windows(tmp_path):
     shifts = {"focus-hard": {"books": 0.01, "wikitext2": 0.02}, "quest@0.3": {"books": 0.03, "wikitext2": 0.05},
               "focus-soft": {"books": 0.0, "wikitext2": 0.0}}
-    frame = peers_frame(_perplexity_records(tmp_path, shifts, {"focus-hard": 0.3, "quest@0.3": 0.31}), "focus-hard")
+    records = _perplexity_records(tmp_path, shifts, {"focus-hard": 0.3, "quest@0.3": 0.31})
+    frame = write_peers(records, "focus-hard", tmp_path / "peers.csv", tmp_path / "peers.png", "books", "wikitext2")
     assert sorted(zip(frame["domain"], frame["design"], frame["kind"])) == [
         ("books", "focus-hard", "trained"), ("books", "quest@0.3", "peer"),
         ("wikitext2", "focus-hard", "trained"), ("wikitext2", "quest@0.3", "peer")]  # not the soft mode
@@ -207,25 +208,32 @@ def test_peers_table_pairs_each_peer_with_the_trained_router_on_the_same_windows
     assert quest["against_router"] == pytest.approx(math.expm1(0.03))  # the NLL gap, per window
     assert quest["against_router_low"] < quest["against_router"] < quest["against_router_high"]
     assert quest["change"] == pytest.approx(math.expm1(0.05)) and quest["distant_kept"] == 0.31
-    write_peers(frame, tmp_path / "peers.csv", tmp_path / "peers.png", "books", "wikitext2")
     assert "+3.05% [" in (tmp_path / "peers.md").read_text() and (tmp_path / "peers.png").stat().st_size > 10_000
 
 
 @pytest.mark.parametrize(("quest_books", "verdict"), [(0.03, HOLDS), (0.005, FAILS)])
-def test_learned_router_verdict_judges_the_peers_at_its_budget_only(tmp_path, quest_books, verdict):
+def test_learned_router_verdict_compares_peers_at_its_budget(tmp_path, quest_books, verdict):
     shifts = {"focus-hard": {"books": 0.01, "wikitext2": 0.02},
               "quest@0.3": {"books": quest_books, "wikitext2": 0.05},
-              "streaming@0": {"books": -0.5, "wikitext2": -0.5}}  # better, but at a third of the budget: not judged
+              "streaming@0": {"books": 0.5, "wikitext2": 0.5}}  # loses with a third of the pairs: says nothing
     kept = {"focus-hard": 0.30, "quest@0.3": 0.29, "streaming@0": 0.1}
     peers = peers_frame(_perplexity_records(tmp_path, shifts, kept), "focus-hard")
-    row = judge_claims({"main_model": "m", "train_domain": "books", "peers": peers}).set_index("claim").loc[
-        "a learned router beats training-free selection at the same budget"]
-    assert row["verdict"] == verdict
-    assert "lower budget, not judged: streaming@0" in row["setting"] and "focus-hard keeps 30%" in row["setting"]
+    claim = "a learned router beats training-free selection at the same budget"
+    row = judge_claims({"main_model": "m", "train_domain": "books", "peers": peers}).set_index("claim").loc[claim]
+    assert row["verdict"] == verdict and "focus-hard keeps 30% of distant pairs" in row["setting"]
     assert f"smallest margin quest@0.3 on books {math.expm1(quest_books - 0.01):+.2%} [" in row["ours"]
-    only_lower = peers[peers["design"] != "quest@0.3"]
-    row = judge_claims({"main_model": "m", "train_domain": "books", "peers": only_lower}).iloc[-1]
-    assert row["verdict"] == UNTESTED and row["ours"] == "no peer at focus-hard's budget"
+    assert "streaming@0 (kept 10%) +61.6% at worst" in row["ours"]
+
+
+@pytest.mark.parametrize(("streaming_kept", "verdict"), [(0.1, FAILS), (0.5, UNTESTED)])
+def test_a_peer_that_wins_refutes_the_router_only_with_no_more_pairs(tmp_path, streaming_kept, verdict):
+    shifts = {"focus-hard": {"books": 0.01, "wikitext2": 0.02}, "quest@0.3": {"books": 0.03, "wikitext2": 0.05},
+              "streaming@0.5": {"books": 0.0, "wikitext2": 0.03}}  # better than the router on the books
+    kept = {"focus-hard": 0.30, "quest@0.3": 0.30, "streaming@0.5": streaming_kept}
+    peers = peers_frame(_perplexity_records(tmp_path, shifts, kept), "focus-hard")
+    row = judge_claims({"main_model": "m", "train_domain": "books", "peers": peers}).iloc[-1]
+    assert row["verdict"] == verdict
+    assert ("streaming@0.5 wins with more pairs than focus-hard" in row["ours"]) == (verdict == UNTESTED)
 
 
 @pytest.mark.parametrize(("wikitext2", "verdict"), [(20.09, HOLDS), (20.5, FAILS)])

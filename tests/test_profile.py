@@ -71,7 +71,7 @@ def test_evaluation_profile_resolves_the_lora_grid_and_the_methods_of_each_stage
     profile = resolve_profile(yaml.safe_load((ROOT / "configs" / "tiny-eval.yaml").read_text()), SCHEMA)
     grid = ["lora_r4_lr1e-4", "lora_r4_lr1e-3", "lora_r16_lr1e-4", "lora_r16_lr1e-3"]
     assert list(profile["lora"]["grid"]) == grid and profile["lora"]["grid"]["lora_r16_lr1e-3"]["alpha"] == 32
-    peers = ["quest@0.26", "clusters@0.25", "streaming@0.3"]
+    peers = ["quest@0.21", "clusters@0.19", "streaming@0.25"]
     assert profile["models"]["smollm2"]["methods"] == ["pretrained", "focus-soft", "focus-hard", *grid, *peers]
     assert profile["harness"]["methods"] == ["pretrained", "focus-soft", "focus-hard", *grid]  # peers: no lm-eval
     assert profile["long_context"]["methods"] == ["pretrained", "focus-soft", "focus-hard", *peers]

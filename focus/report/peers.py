@@ -52,10 +52,12 @@ def peers_frame(records: list[str | Path], router: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def write_peers(frame: pd.DataFrame, csv: str | Path, figure: str | Path | None, domain: str,
-                other: str | None) -> None:
-    """The table as CSV and Markdown, and (`figure` given) the trade-off figure: every design's change on `domain`
-    (the training domain) against its change on `other` (another scored domain), for the first model."""
+def write_peers(records: list[str | Path], router: str, csv: str | Path, figure: str | Path | None, domain: str,
+                other: str | None) -> pd.DataFrame:
+    """`peers_frame` of the perplexity `records` as CSV and Markdown, and (`figure` given) the trade-off figure: every
+    design's change on `domain` (the training domain) against its change on `other` (another scored domain), for the
+    first model. Returns the frame."""
+    frame = peers_frame(records, router)
     write_text(csv, frame.to_csv(index=False))
     shown = frame.assign(**{
         "change (95%)": [_interval(r.change, r.change_low, r.change_high) for r in frame.itertuples()],
@@ -64,7 +66,7 @@ def write_peers(frame: pd.DataFrame, csv: str | Path, figure: str | Path | None,
     })[["model", "domain", "design", "distant_kept", "perplexity", "change (95%)", "peer against trained (95%)"]]
     write_text(Path(csv).with_suffix(".md"), markdown_table(shown, ".3g") + "\n")
     if figure is None:
-        return
+        return frame
     model = frame["model"].iloc[0]
     part = frame[frame["model"] == model]
     mine, theirs = part[part["domain"] == domain].set_index("design"), part[part["domain"] == other]
@@ -73,6 +75,7 @@ def write_peers(frame: pd.DataFrame, csv: str | Path, figure: str | Path | None,
                            "distant_kept": mine["distant_kept"].values})
     plot_tradeoff(points, figure, f"{domain} (test)", f"{other} (test)",
                   note=f"{model}: the trained router and the training-free selectors under the same window and sinks")
+    return frame
 
 
 def _interval(value, low, high) -> str:

@@ -1,11 +1,12 @@
 """Rule peers_table: the trained router against the training-free peers (CSV + Markdown, trade-off figure)."""
 
 from focus.pipeline.start import start_job
-from focus.report.peers import peers_frame, write_peers
+from focus.report.peers import write_peers
 
 start_job(snakemake.log[0], snakemake.threads)
 write_peers(
-    peers_frame(snakemake.input.perplexity, snakemake.params.router),
+    records=snakemake.input.perplexity,
+    router=snakemake.params.router,
     csv=snakemake.output.csv,
     figure=snakemake.output.get("figure"),
     domain=snakemake.params.domain,
