@@ -52,7 +52,7 @@ from focus.pipeline.jobs import (
     default_device,
     read_tokens,
 )
-from focus.pipeline.methods import FULL_FINETUNE, method_variant, parse_lora_name, parse_peer_name
+from focus.pipeline.methods import FULL_FINETUNE, PEER, method_kind, method_variant, parse_lora_name, parse_peer_name
 from focus.provenance import provenance
 from focus.retrofit import apply_focus, calibrate_centroids, focus_parameter_count, set_focus_mode
 from focus.train.loop import evaluate_loss
@@ -258,7 +258,7 @@ def evaluate_perplexity(
     tic = time.perf_counter()
     result = perplexity(model, ids, context_length, stride or context_length, batch_size, progress=progress)
     kept = None
-    if method.endswith("-hard") or parse_peer_name(method):  # the budget a hard pattern spends, on its first rows
+    if method_kind(method) in ("focus-hard", PEER):  # the budget a hard pattern spends, on its first rows
         with torch.no_grad():
             kept = distant_attention_recall(model, chunk_tokens(ids, context_length)[:KEPT_ROWS], batch_size=1)["kept"]
     record = {
