@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore::DeprecationWa
 def test_killed_training_job_resumes_from_its_checkpoint(tmp_path):
     config = json.loads(json.dumps(MINI))
     config.update(name="resume", models={"tiny-llama": {"source": "tiny:llama"}})
-    for section in ("benchmark", "lora", "harness", "long_context", "interpret", "study"):
+    for section in ("benchmark", "lora", "harness", "long_context", "interpret", "study", "peers"):
         config.pop(section)
     config["train"].update(full_finetune=None, seq_len=64, retrieval_share=0)  # rows of 64: no room for a fact
     # 120 steps at about 11 a second here: the kill lands a second after the checkpoint at step 20, far from the end.

@@ -47,8 +47,8 @@ def test_every_job_of_the_slice_ran_as_a_slurm_job(cluster_run):
     assert len(submitted) == len([rule for rule in finished if rule != "all"]) >= 20
     assert all(Path(log).is_file() for _, log in submitted)
     assert {rule: len(logs) for rule, logs in slurm_jobs_of(cluster).items()} == {
-        "tokenize": 2, "train_focus": 2, "train_full_finetune": 2, "perplexity": 8,
-        "benchmarks": 3, "evaluation_tables": 1, "tables": 1, "claims": 1, "figures": 1, "wandb_report": 1,
+        "tokenize": 2, "train_focus": 2, "train_full_finetune": 2, "peer": 1, "perplexity": 9,
+        "benchmarks": 3, "peers_table": 1, "evaluation_tables": 1, "tables": 1, "claims": 1, "figures": 1, "wandb_report": 1,
         "notebook": 1}
     # On the cold cache the first jobs found SmolLM2 unconverted together: one converted it, the others waited.
     logs = (cluster / "results" / "slice" / "logs").rglob("*.log")

@@ -30,7 +30,8 @@ SLURM_TESTS = [
 """The marks of a SLURM test file: skipped where no local SLURM runs."""
 
 # The minimal profile cut to one job of each kind the pipeline has (W&B report and notebook included): tokenize,
-# centroid training for SmolLM2 and a tiny model, full fine-tune, perplexity, lm-eval, tables, claims, figures.
+# centroid training for SmolLM2 and a tiny model, full fine-tune, a training-free peer, perplexity, lm-eval, tables,
+# the peers table, claims, figures.
 SLICE = {key: value for key, value in MINI.items() if key not in ("benchmark", "lora", "long_context", "interpret",
                                                                    "study")}
 SLICE["harness"] = {**MINI["harness"], "chat_tasks": []}
