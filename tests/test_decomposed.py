@@ -81,6 +81,44 @@ def test_native_rectangles_match_the_dense_reference(case, routing, one_thread):
     check_case(case, "native", routing)
 
 
+@pytest.fixture(params=[True, False], ids=["matrix units", "vector units"])
+def bfloat16_units(request):
+    """Where the native rectangles run bfloat16: on the matrix units (AMX: `csrc/rectangle_amx.cpp`, skipped on a CPU
+    without them) or on the vector units (`csrc/rectangle.cpp`, as on every other CPU)."""
+    from focus.attention.native import kernels
+
+    ext = kernels()
+    if request.param and not ext.matrix_units():
+        pytest.skip("this CPU has no bfloat16 matrix units (AMX)")
+    ext.matrix_units(request.param)
+    yield request.param
+    ext.matrix_units(True)
+
+
+@pytest.mark.parametrize("routing", ["query", "kv_head"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_native_bfloat16_error_within_twice_the_reference_error(case, routing, bfloat16_units, one_thread):
+    """flash-attn's rule (as for the eager decomposition below), on every case: the native prefill in bfloat16 is at
+    most twice as far from the float32 reference as the dense bfloat16 reference is."""
+    spec = dict(CASES[case])
+    window, sink_tokens = spec.pop("window"), spec.pop("sink_tokens")
+    pad, empty = spec.pop("pad", 0), spec.pop("empty", ())
+    query, key, value, groups, valid = inputs(**spec, pad=pad, empty=empty, seed=12)
+    heads = spec["h"] if routing == "query" else spec["k_heads"]
+    query_groups = random_groups(spec["b"], heads, spec["length"], spec["num_groups"], spec["top_k"],
+                                 torch.Generator().manual_seed(13), empty)
+    per_query_head = query_groups.repeat_interleave(spec["h"] // heads, dim=1)
+    sinks = sink_keys(valid, valid.shape[1], sink_tokens) if sink_tokens else torch.zeros_like(valid[:1])
+    sinks = sinks.expand_as(valid) & valid
+    rows = valid[:, None, :, None].expand(*query.shape)
+    exact = reference(query, key, value, groups, spec["num_groups"], window, valid, sinks, query_groups=per_query_head)
+    low = [t.bfloat16() for t in (query, key, value)]
+    dense = reference(*low, groups, spec["num_groups"], window, valid, sinks, query_groups=per_query_head)
+    ours = native_routed_prefill(*low, query_groups.sort(dim=-1)[0], groups.sort(dim=-1)[0], window, valid, sinks,
+                                 spec["d"] ** -0.5)
+    assert (ours - exact)[rows].abs().max() <= 2 * (dense.float() - exact)[rows].abs().max()
+
+
 @pytest.mark.parametrize("layout", ["70 groups", "right padding"])
 def test_the_plan_sends_what_the_native_prefill_does_not_take_to_the_eager_decomposition(layout, one_thread):
     """Group ids from 63 on do not fit the segments' group bits, and padding on the right breaks the band's runs of

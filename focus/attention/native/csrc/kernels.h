@@ -26,6 +26,17 @@ constexpr int64_t ROUTE_BY_KEY = FOCUS_ROUTE_BY_KEY;
 constexpr int64_t ROUTE_BY_QUERY = FOCUS_ROUTE_BY_QUERY;
 constexpr int64_t ROUTE_BY_KV_HEAD = FOCUS_ROUTE_BY_KV_HEAD;
 
+// rectangle_amx.cpp: the rectangles in bfloat16 on matrix units (AMX), where `rectangles_on_matrix_units` says the
+// CPU has them for this query; `rectangles` (rectangle.cpp) checks the arguments and sends them there.
+bool rectangles_on_matrix_units(const at::Tensor& query);
+// Whether bfloat16 rectangles run on the matrix units: the CPU has them and they are allowed (`allow` sets that).
+bool matrix_units(c10::optional<bool> allow);
+std::tuple<at::Tensor, at::Tensor> rectangles_amx(const at::Tensor& query, const at::Tensor& key,
+                                                  const at::Tensor& value, const int64_t* first, const int64_t* count,
+                                                  int64_t n, double scale, const int64_t* q_index,
+                                                  const int64_t* k_index, int64_t keys, const int64_t* skip,
+                                                  const int64_t* bits);
+
 }  // namespace focus_native
 
 // step.cpp: one layer's decoding step.

@@ -25,11 +25,13 @@
 #endif
 
 #include "online_softmax.h"
+#include "tiles.h"
 
 namespace {
 
 using focus_native::exp_nonpositive;
 using focus_native::raise_maximum;
+using focus_native::Tile;
 
 // Query rows per tile (of one segment, or of one band), times R query heads. Wider tiles read more keys past a row's
 // own, narrower ones read the shared panels more often; 30 fills its micro-tiles of QUERIES_AT_ONCE rows exactly
@@ -42,29 +44,6 @@ constexpr int64_t TASKS_PER_THREAD = 8;  // tiles are dealt round-robin to this 
 // (4 x 16 did not: docs/decomposition.md).
 constexpr int64_t QUERIES_AT_ONCE = 6;
 constexpr int64_t WIDE = 16;  // keys scored, or head dimensions summed, by a micro-tile: two AVX2 registers of float32
-
-struct Tile {
-  int64_t first_row, rows, key_first, key_count;
-};
-
-// Consecutive rows whose first keys are equal (a segment's rows) or step by one (a band's), at most TILE_ROWS: a tile
-// reads the keys from the panel of its first row's first key to the furthest any of its rows reads.
-std::vector<Tile> tiles_of(const int64_t* key_first, const int64_t* key_count, int64_t n) {
-  std::vector<Tile> tiles;
-  for (int64_t i = 0; i < n;) {
-    int64_t end = i + 1, stop = key_first[i] + key_count[i];
-    while (end < n && end - i < TILE_ROWS && key_first[end] >= key_first[end - 1] &&
-           key_first[end] - key_first[i] <= end - i) {
-      stop = std::max(stop, key_first[end] + key_count[end]);
-      ++end;
-    }
-    const int64_t start = key_first[i] / WIDE * WIDE;  // a panel's first key: the keys before it are not weighed
-    if (stop > key_first[i]) tiles.push_back({i, end - i, start, stop - start});
-    i = end;
-  }
-  return tiles;
-}
-
 
 // c (QUERIES_AT_ONCE rows c_step apart, WIDE columns) = (ADD: c +) the micro-tile's products over `depth` steps:
 // sum over t of a[i * a_step + t] * b[t * b_step + u]. On AVX2 each step loads the two vectors of b once and
@@ -258,11 +237,14 @@ std::tuple<at::Tensor, at::Tensor> rectangles(const at::Tensor& query, const at:
   const int64_t* k_index = key_rows ? key_rows->data_ptr<int64_t>() : nullptr;
   const int64_t* skip = query_skip ? query_skip->data_ptr<int64_t>() : nullptr;
   const int64_t* bits = key_bits ? key_bits->data_ptr<int64_t>() : nullptr;
-  auto out = at::empty({n, r, d}, query.options().dtype(at::kFloat));
-  auto lse = at::full({n, r}, -std::numeric_limits<float>::infinity(), query.options().dtype(at::kFloat));
   const int64_t* first = key_first.data_ptr<int64_t>();
   const int64_t* count = key_count.data_ptr<int64_t>();
-  const std::vector<Tile> tiles = tiles_of(first, count, n);
+  const int64_t keys = k_index ? key_rows->numel() : key.size(0);
+  if (focus_native::rectangles_on_matrix_units(query))  // bfloat16 on AMX: rectangle_amx.cpp
+    return focus_native::rectangles_amx(query, key, value, first, count, n, scale, q_index, k_index, keys, skip, bits);
+  auto out = at::empty({n, r, d}, query.options().dtype(at::kFloat));
+  auto lse = at::full({n, r}, -std::numeric_limits<float>::infinity(), query.options().dtype(at::kFloat));
+  const std::vector<Tile> tiles = focus_native::tiles_of(first, count, n, TILE_ROWS, WIDE);
   // Rows of no tile (no key) keep lse -inf; their output is never read, but is zeroed to be defined.
   out.zero_();
   const int64_t tasks = std::min<int64_t>(tiles.size(), at::get_num_threads() * TASKS_PER_THREAD);
@@ -270,7 +252,6 @@ std::tuple<at::Tensor, at::Tensor> rectangles(const at::Tensor& query, const at:
   // transposed in panels of WIDE, (panels, D, WIDE) with key j in panel j / WIDE, column j % WIDE (zero past the last
   // key), so that a micro-tile reads its keys' dimension t as one contiguous vector; the values as (keys, D) rows,
   // read in place when they already are.
-  const int64_t keys = k_index ? key_rows->numel() : key.size(0);
   const int64_t panel_count = (keys + WIDE - 1) / WIDE;
   auto panels = at::empty({panel_count, d, WIDE}, query.options().dtype(at::kFloat));
   const bool values_in_place = query.scalar_type() == at::kFloat && !k_index;
