@@ -198,6 +198,34 @@ def test_only_centroids_train_and_remove_restores_the_model_exactly():
     assert torch.equal(logits(model, ids, mask), expected)
 
 
+def test_a_frozen_focus_model_multiplies_the_last_position_without_copying_the_output_weights():
+    """A prompt's last position reaches the output embeddings as a view with the prompt's strides, which
+    torch.matmul multiplies through bmm with the weight copied once the weight is frozen (as apply_focus freezes it).
+    The Focus model's output embeddings take it as one matrix product; remove_focus takes the hook away."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model = tiny_model("llama", seed=0)
+    ids, mask = padded_batch(model.config.vocab_size)
+    weight = tuple(model.get_output_embeddings().weight.shape[::-1])
+
+    def weight_copies() -> int:
+        with torch.no_grad(), profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            model(input_ids=ids, attention_mask=mask, logits_to_keep=1)
+        return sum(e.name == "aten::bmm" and tuple(e.input_shapes[1][-2:]) == weight for e in prof.events())
+
+    model.requires_grad_(False)
+    assert weight_copies() == 1  # the quirk itself, on the frozen unmodified model
+    model.requires_grad_(True)
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=mask, logits_to_keep=1).logits
+    apply_focus(model, FocusConfig(window=LENGTH), calibration_ids=ids)  # nothing pruned: the same logits
+    assert weight_copies() == 0
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids, attention_mask=mask, logits_to_keep=1).logits, expected)
+    remove_focus(model)
+    assert not model.get_output_embeddings()._forward_pre_hooks
+
+
 def test_parameter_counts():
     with torch.device("meta"):  # GPT-2 124M shape (12 layers x 12 heads x 64 dims), no weights needed
         gpt2 = GPT2LMHeadModel(GPT2Config())
