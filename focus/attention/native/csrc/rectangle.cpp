@@ -246,7 +246,7 @@ std::tuple<at::Tensor, at::Tensor> rectangles(const at::Tensor& query, const at:
   auto lse = at::full({n, r}, -std::numeric_limits<float>::infinity(), query.options().dtype(at::kFloat));
   const std::vector<Tile> tiles = focus_native::tiles_of(first, count, n, TILE_ROWS, WIDE);
   // Rows of no tile (no key) keep lse -inf; their output is never read, but is zeroed to be defined.
-  out.zero_();
+  focus_native::zero_rows_outside(tiles, n, r * d, out.data_ptr<float>());
   const int64_t tasks = std::min<int64_t>(tiles.size(), at::get_num_threads() * TASKS_PER_THREAD);
   // Every key once in float32 for all the tiles that read it (a segment's key is read by most of its tiles): the keys
   // transposed in panels of WIDE, (panels, D, WIDE) with key j in panel j / WIDE, column j % WIDE (zero past the last

@@ -210,9 +210,10 @@ std::tuple<at::Tensor, at::Tensor> rectangles_amx(const at::Tensor& query, const
                                                   const int64_t* k_index, int64_t keys, const int64_t* skip,
                                                   const int64_t* bits) {
   const int64_t r = query.size(1), d = query.size(2);
-  auto out = at::zeros({n, r, d}, query.options().dtype(at::kFloat));
+  auto out = at::empty({n, r, d}, query.options().dtype(at::kFloat));
   auto lse = at::full({n, r}, -std::numeric_limits<float>::infinity(), query.options().dtype(at::kFloat));
   const std::vector<Tile> tiles = tiles_of(first, count, n, std::max<int64_t>(1, TILE_VECTORS / r), 2);
+  zero_rows_outside(tiles, n, r * d, out.data_ptr<float>());  // rows with no key: never read, but defined
   // Room for the widest product from the last tile's first key: its width rounded up, past the last key.
   const int64_t stride = (keys + WIDTH_STEP + 1) / 2 * 2;
   auto key_pairs = at::empty({stride * d}, query.options());
