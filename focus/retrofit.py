@@ -117,9 +117,9 @@ def apply_focus(
         "requires_grad": {name: p.requires_grad for name, p in model.named_parameters()},
     }
     model.requires_grad_(False)
-    head = model.get_output_embeddings()
-    if head is not None:
-        model._focus_original["output_hook"] = head.register_forward_pre_hook(_contiguous_input)
+    output_embeddings = model.get_output_embeddings()
+    if output_embeddings is not None:
+        model._focus_original["output_hook"] = output_embeddings.register_forward_pre_hook(_contiguous_input)
     kv_heads, head_dim = head_shape(model)
     for name in config.dense_heads:
         layer, head = dense_head_address(name)
