@@ -27,6 +27,7 @@ from focus.data import load_corpus, tokenize_corpus
 from focus.eval.decode_speed import attention_clock
 from focus.files import write_text
 from focus.models import PACKAGED_SMOLLM2, load_model
+from focus.provenance import device_info
 from focus.retrofit import has_focus
 
 SIDES = ("unmodified", "matrix_units", "vector_units")
@@ -90,9 +91,8 @@ def main() -> None:
 def _write(frame: pd.DataFrame, args) -> None:
     stem = Path(args.out) / "matrix_units"
     write_text(stem.with_suffix(".csv"), frame.to_csv(index=False))
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), "?")
-    head = (f"SmolLM2-135M-Instruct prefill, bfloat16, {torch.get_num_threads()} threads, {cpu} with AMX; adapter "
+    head = (f"SmolLM2-135M-Instruct prefill, bfloat16, {torch.get_num_threads()} threads, {device_info()['cpu']} with "
+            f"AMX; adapter "
             f"{args.adapter}; native FocusCache; the three sides in turns, medians of {args.rounds}. Speedups are "
             f"unmodified / Focus, `attention` the seconds inside the attention functions (routing and index upkeep "
             f"included), `prefill` end to end; `matrix_over_vector_attention` the vector units' attention seconds "

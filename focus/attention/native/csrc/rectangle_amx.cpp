@@ -47,7 +47,7 @@ constexpr int64_t CHUNK = 512;
 constexpr int64_t WIDTH_STEP = 64;
 // Query vectors per tile (rows times R query heads): the M of both products. 64, 128 and 256 took the rectangles of
 // an 8K prompt in the same time; a band's tile reads its rows' windows plus its own length of keys, and took 17, 21
-// and 25 ms.
+// and 25 ms in that run (64 and 128 within the noise of each other in a later one, in turns).
 constexpr int64_t TILE_VECTORS = 64;
 // The M of the products in steps of this (the matrix unit's tiles are 16 rows): the GEMM compiles a kernel for each
 // shape on its first call, and at one per row count the first prefill spent more time compiling than multiplying.
