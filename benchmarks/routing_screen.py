@@ -2,12 +2,14 @@
 
     .venv/bin/python benchmarks/routing_screen.py                     # books validation, 512 tokens, window 64
     .venv/bin/python benchmarks/routing_screen.py --seq-len 1024 --window 256 --tag 1024
+    .venv/bin/python benchmarks/routing_screen.py --window 128 --shapes 16x2 64x4 --corpus wikitext2 --tag shapes
 
 For every design (FocusConfig changes), centroids are k-means of calibration rows of the books train split (as
 apply_focus initialises them), then on validation rows: the share of the pretrained model's distant attention mass
 the hard pattern keeps, the share of distant pairs it keeps, the per-row oracle at that cost
-(`focus.eval.diagnostics`), and hard-mode perplexity with every layer sparsified. Writes
-<out>/routing_screen_<tag>.{csv,md}.
+(`focus.eval.diagnostics`), and hard-mode perplexity with every layer sparsified. `--shapes GROUPSxTOP_K ...` screens
+the library's routing (query routing, rotary undone) at those numbers of groups and groups per token instead: the
+capacity of the routing, measured where its kept share matches. Writes <out>/routing_screen_<tag>.{csv,md}.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=64)
     parser.add_argument("--groups", type=int, default=16)
     parser.add_argument("--top-k", type=int, default=2)
+    parser.add_argument("--shapes", nargs="*", default=[], help="GROUPSxTOP_K, e.g. 16x2 64x4")
+    parser.add_argument("--corpus", default="books", help="the corpus whose validation rows are scored")
     parser.add_argument("--rows", type=int, default=8, help="validation rows scored")
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--tag", default="512")
@@ -50,13 +54,16 @@ def main() -> None:
 
     model, tokenizer = load_model(PACKAGED_SMOLLM2)
     train = chunk_tokens(tokenize_corpus(load_corpus("books", "train"), tokenizer), args.seq_len)
-    validation = chunk_tokens(tokenize_corpus(load_corpus("books", "validation"), tokenizer), args.seq_len)
+    validation = chunk_tokens(tokenize_corpus(load_corpus(args.corpus, "validation"), tokenizer), args.seq_len)
     calibration = train[torch.randperm(len(train), generator=torch.Generator().manual_seed(0))[:8]]
-    rows = validation[torch.linspace(0, len(validation) - 1, args.rows).long()]  # spread over the seven books
+    rows = validation[torch.linspace(0, len(validation) - 1, args.rows).long()]  # spread over the split
     found = [{"design": "pretrained (full attention)", "hard_ppl": math.exp(evaluate_loss(model, rows, 4))}]
-    for name, changes in DESIGNS.items():
+    designs = {f"{groups} groups, top-{top_k}": {"num_groups": int(groups), "top_k": int(top_k)}
+               for groups, top_k in (shape.split("x") for shape in args.shapes)} or DESIGNS
+    for name, changes in designs.items():
         tic = time.perf_counter()
-        config = FocusConfig(num_groups=args.groups, window=args.window, top_k=args.top_k, mode="hard", **changes)
+        config = FocusConfig(num_groups=args.groups, window=args.window, top_k=args.top_k, mode="hard")
+        config = config.replace(**changes)
         apply_focus(model, config, calibration_ids=calibration)
         try:
             recall = distant_attention_recall(model, rows)
@@ -69,8 +76,9 @@ def main() -> None:
               f"(oracle {recall['oracle_recall']:.3f}), hard ppl {ppl:.2f} ({time.perf_counter() - tic:.0f} s)")
     frame = pd.DataFrame(found)
     out = Path(args.out)
-    setting = (f"SmolLM2-135M-Instruct, books validation, {args.rows} rows of {args.seq_len} tokens, window "
-               f"{args.window}, {args.groups} groups, top-{args.top_k}, k-means centroids (no training), float32")
+    shape = "" if args.shapes else f", {args.groups} groups, top-{args.top_k}"
+    setting = (f"SmolLM2-135M-Instruct, {args.corpus} validation, {args.rows} rows of {args.seq_len} tokens, window "
+               f"{args.window}{shape}, k-means centroids of books train rows (no training), float32")
     write_text(out / f"routing_screen_{args.tag}.csv", frame.to_csv(index=False))
     write_text(out / f"routing_screen_{args.tag}.md", f"{setting}\n\n{markdown_table(frame, '.3f')}\n")
     print((out / f"routing_screen_{args.tag}.md").read_text())

@@ -110,12 +110,14 @@ def test_needle_attention_is_the_mass_the_last_queries_put_on_the_span(one_threa
     assert model.config._attn_implementation == "focus"  # restored
 
 
-def test_the_oracle_keeps_the_heaviest_distant_pairs_as_many_per_row_as_the_pattern_keeps(one_thread):
+@pytest.mark.parametrize("share", [None, 0.5])
+def test_the_oracle_keeps_the_heaviest_distant_pairs_as_many_per_row_as_the_pattern_keeps_or_its_share(share,
+                                                                                                        one_thread):
     config = FocusConfig(num_groups=4, top_k=1, window=3, sink_tokens=1, mode="hard", route_queries="query")
     layer = make_layer(config, 2, 8)
     q, key, v, mask = make_inputs(2, 4, 2, 20, 8, pads=(0, 4))
     with torch.no_grad():
-        out = _oracle_attention(layer, q, key, v, mask, scaling=0.4)[0].transpose(1, 2)
+        out = _oracle_attention(layer, q, key, v, mask, scaling=0.4, share=share)[0].transpose(1, 2)
         # The pattern, routed as the layer routes at inference (query heads by their query, keys by theirs).
         logits_k = torch.einsum("bkld,kgd->bklg", torch.nn.functional.normalize(key, dim=-1),
                                 torch.nn.functional.normalize(layer.focus_centroids, dim=-1)) / config.temperature
@@ -133,7 +135,8 @@ def test_the_oracle_keeps_the_heaviest_distant_pairs_as_many_per_row_as_the_patt
                     allowed = [j for j in range(20) if mask[b, 0, i, j]]
                     free = [j for j in allowed if i - j < 3 or sinks[b, j]]
                     distant = [j for j in allowed if j not in free]
-                    count = sum(bool(kept[b, h, i, j]) for j in distant)
+                    count = (sum(bool(kept[b, h, i, j]) for j in distant) if share is None
+                             else round(len(distant) * share))
                     scores = {j: float(q[b, h, i] @ key[b, h // 2, j]) for j in distant}
                     for j in free + sorted(distant, key=scores.get, reverse=True)[:count]:
                         chosen[b, h, i, j] = True
@@ -152,6 +155,11 @@ def test_an_oracle_over_a_pattern_that_keeps_every_pair_is_the_unmodified_model(
     with torch.no_grad(), oracle_selection(model):
         torch.testing.assert_close(model(input_ids=ids).logits, expected, atol=1e-5, rtol=1e-5)
     assert model.config._attn_implementation == "focus"  # restored
+    set_focus_mode(model, "hard", top_k=1)  # a sparse pattern, which a share of one ignores
+    with torch.no_grad(), oracle_selection(model, share=1.0):
+        torch.testing.assert_close(model(input_ids=ids).logits, expected, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="share must be within"), oracle_selection(model, share=1.5):
+        pass
 
 
 @pytest.mark.slow

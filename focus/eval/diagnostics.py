@@ -17,6 +17,7 @@ reach, and, when the pretrained model still beats it, the sign that the cost its
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 
 import torch
@@ -204,15 +205,18 @@ def _recall_attention(module: nn.Module, query, key, value, attention_mask, scal
 
 
 @contextlib.contextmanager
-def oracle_selection(model: PreTrainedModel) -> Iterator[PreTrainedModel]:
+def oracle_selection(model: PreTrainedModel, share: float | None = None) -> Iterator[PreTrainedModel]:
     """Within the block, every Focus layer of `model` attends to its window, its sinks and, per query row, its
-    heaviest distant pairs by the true attention logits, as many as its hard Focus pattern keeps in that row.
+    heaviest distant pairs by the true attention logits: as many as its hard Focus pattern keeps in that row, or,
+    with `share`, that share of the row's distant pairs (rounded to the nearest count; the routing plays no part).
 
     The explicit (dense) attention computes it: for evaluation at moderate lengths, not for speed.
     """
     if not has_focus(model):
         raise ValueError("oracle_selection needs a model with Focus applied")
-    with _attending(model, _ORACLE, _oracle_attention):
+    if share is not None and not 0 <= share <= 1:
+        raise ValueError(f"oracle_selection: share must be within [0, 1], got {share}")
+    with _attending(model, _ORACLE, functools.partial(_oracle_attention, share=share)):
         yield model
 
 
@@ -231,11 +235,14 @@ def _attending(model: PreTrainedModel, name: str, function) -> Iterator[PreTrain
 
 
 def _oracle_attention(module: nn.Module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None,
-                      **kwargs):
+                      share=None, **kwargs):
     kept, distant, logits, allowed = _pattern_and_logits(module, query, key, value, attention_mask, scaling, softcap,
                                                          kwargs.get("position_ids"))
     distant = distant.expand_as(logits)
-    count = (kept & distant).sum(dim=-1, keepdim=True)  # (B, H, Q, 1) the pattern's distant pairs per row
+    if share is None:
+        count = (kept & distant).sum(dim=-1, keepdim=True)  # (B, H, Q, 1) the pattern's distant pairs per row
+    else:
+        count = (distant.sum(dim=-1, keepdim=True) * share).round()
     rank = logits.masked_fill(~distant, float("-inf")).argsort(dim=-1, descending=True).argsort(dim=-1)
     chosen = (allowed & ~distant) | (distant & (rank < count))  # the window and the sinks, then the heaviest
     out = dense_attention(query, key, value, chosen, None, scaling, softcap)
