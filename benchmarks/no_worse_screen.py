@@ -21,7 +21,9 @@ Phases, each written as it ends (<out>/no_worse_<phase>.{csv,md}):
 The winner (fixed before any number was seen): the design with the smallest total shortfall from issue 44's targets
 on validation, max(0, novel + 1.0%) + max(0, WikiText-2 - 0.5%) + max(0, non-fiction - 0.5%), among those whose pass-key
 count at 1K/2K/4K is at least the pretrained model's (all designs if none is); ties go to the lower WikiText-2 change.
-`--deadline` stops starting designs when the time left would not cover the test and length phases.
+`--deadline` stops starting designs when the time left would not cover the test and length phases. `--adapter
+NAME=FOLDER` scores a design trained earlier without training it; `--dense-heads N ...` also scores each design with
+its N key/value heads kept dense whose density saves the most loss on non-fiction train rows (`heads_by_loss`).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from focus.artifacts import markdown_table
 from focus.attention.fast_path import fast_path
 from focus.config import FocusConfig, to_dict
 from focus.data import chunk_tokens
-from focus.eval.diagnostics import distant_attention_recall
+from focus.eval.diagnostics import distant_attention_recall, heads_by_loss
 from focus.eval.needle import needle_trials
 from focus.eval.paired import paired_ratio
 from focus.eval.perplexity import perplexity
@@ -77,6 +79,13 @@ DESIGNS = {  # in the order they run: a deadline cuts the last ones
     "mix50_kl10_len2k_w256": {"broad_share": 0.5, "distill": 10.0, "seq_len": 2048, "batch_size": 1, "window": 256},
     # The chosen recipe at the peers' lower budget (issue 47): one group of 16 per token instead of two.
     "mix50_kl10_top1": {"broad_share": 0.5, "distill": 10.0, "top_k": 1},
+    # The routing's capacity (the oracle at the same share is within +0.5% where the trained groups are not): finer
+    # groups, more of them per token, about the same share of distant pairs kept.
+    "mix50_kl10_g32k3": {"broad_share": 0.5, "distill": 10.0, "num_groups": 32, "top_k": 3},
+    "mix50_kl10_g48k4": {"broad_share": 0.5, "distill": 10.0, "num_groups": 48, "top_k": 4},
+    # The dense teacher as nearly the whole signal (SeerAttention's and DSA's recipe): 90% of the rows broad text
+    # learning from its KL alone, the domain's next tokens on the rest, no retrieval rows.
+    "mix90_kl10_r0": {"broad_share": 0.9, "distill": 10.0, "retrieval_share": 0.0},
 }
 ROW_FIELDS = ("seq_len", "batch_size")  # how a design's rows are cut, not how Focus or its job is set
 
@@ -103,7 +112,11 @@ def main() -> None:
     parser.add_argument("--length-split", default="test", choices=["validation", "test"])
     parser.add_argument("--length-designs", nargs="+", help="designs the lengths phase scores (default: the winner)")
     parser.add_argument("--adapter", action="append", default=[],
-                        help="NAME=FOLDER of a design trained earlier (test and lengths phases without a screen)")
+                        help="NAME=FOLDER of a design trained earlier: the screen scores it without training it, "
+                        "the test and lengths phases use it")
+    parser.add_argument("--dense-heads", type=int, nargs="*", default=[],
+                        help="also score each screened design with these numbers of key/value heads kept dense, "
+                        "those whose density lowers the loss most on 8 rows of the non-fiction TRAIN split")
     parser.add_argument("--winner", help="the design the test and lengths phases report (default: the rule's)")
     parser.add_argument("--dense-path", action="store_true",
                         help="compute hard Focus by the dense masked oracle (a GPU without flash-attn)")
@@ -139,14 +152,28 @@ def main() -> None:
                     log(f"deadline: {name} and the designs after it not run")
                     break
                 try:
-                    summary, adapters[name] = _train(name, args, Path(args.runs or out / "runs"))
-                    log(f"{name} trained in {summary['seconds']} s: {summary['final']}")
+                    if name in adapters:  # trained earlier: scored as it is
+                        summary = {}
+                    else:
+                        summary, adapters[name] = _train(name, args, Path(args.runs or out / "runs"))
+                        log(f"{name} trained in {summary['seconds']} s: {summary['final']}")
                     load_focus(model, adapters[name])
                     set_focus_mode(model, "hard")
                     with torch.no_grad():
                         rows.append(_row(name, DESIGNS[name], _score(model, tokenizer, tokens, args), base,
                                          distant_attention_recall(model, _kept_rows(tokens))["kept"], summary))
                     log(f"{name} scored {rows[-1]}")
+                    if args.dense_heads:
+                        with torch.no_grad():
+                            ranking = heads_by_loss(model, _broad_train_rows(args.tokens))
+                        log(f"{name}: heads by the non-fiction loss their density saves, most first: {ranking[:12]}")
+                    for count in args.dense_heads:
+                        set_focus_mode(model, "hard", dense_heads=[head for head, _ in ranking[:count]])
+                        with torch.no_grad():
+                            rows.append(_row(f"{name} + {count} dense heads", DESIGNS[name],
+                                             _score(model, tokenizer, tokens, args), base,
+                                             distant_attention_recall(model, _kept_rows(tokens))["kept"], {}))
+                        log(f"{name} + {count} dense heads scored {rows[-1]}")
                 except Exception:  # noqa: BLE001 (one design's failure must not lose the others)
                     log(f"{name} failed:\n{traceback.format_exc()}")
                 finally:
@@ -202,6 +229,12 @@ def _split_tokens(folder: str, split: str) -> dict[str, torch.Tensor]:
     return {corpus: read_tokens(Path(folder) / f"{corpus}.tokens.safetensors", split) for corpus in CORPORA}
 
 
+def _broad_train_rows(folder: str, count: int = 8) -> torch.Tensor:
+    """`count` rows of 512 tokens spread over the non-fiction train split: text to choose dense heads on."""
+    rows = chunk_tokens(read_tokens(Path(folder) / "nonfiction.tokens.safetensors", "train"), 512)
+    return rows[torch.linspace(0, len(rows) - 1, count).long()]
+
+
 def _kept_rows(tokens: dict[str, torch.Tensor]) -> torch.Tensor:
     rows = chunk_tokens(tokens["books_by_book"], 512)
     return rows[torch.linspace(0, len(rows) - 1, 8).long()]
@@ -220,7 +253,8 @@ def _score(model, tokenizer, tokens: dict[str, torch.Tensor], args) -> dict:
 
 
 def _row(name: str, design: dict, found: dict, base: dict, kept: float | None, summary: dict) -> dict:
-    row = {"design": name, **{key: design.get(key, "") for key in ("broad_share", "distill", "window", "top_k")},
+    row = {"design": name, **{key: design.get(key, "") for key in ("broad_share", "distill", "window", "num_groups",
+                                                                    "top_k")},
            "distant_kept": kept}
     for corpus in CORPORA:
         row[f"{corpus}_ppl"] = found[corpus]["ppl"]
@@ -279,8 +313,9 @@ def _lengths(model, adapters: dict[str, Path], args, out: Path, log) -> None:
         frame = pd.DataFrame(rows)
         stem = out / ("no_worse_lengths" if split == "test" else f"no_worse_lengths_{split}")
         write_text(stem.with_suffix(".csv"), frame.to_csv(index=False))
-        write_text(stem.with_suffix(".md"), f"Hard Focus ({', '.join(adapters)}) against pretrained per context length, "
-                   f"{split} splits, {args.length_tokens} tokens each, {args.dtype}.\n\n{markdown_table(frame, '.4g')}\n")
+        setting = (f"Hard Focus ({', '.join(adapters)}) against pretrained per context length, {split} splits, "
+                   f"{args.length_tokens} tokens each, {args.dtype}.")
+        write_text(stem.with_suffix(".md"), f"{setting}\n\n{markdown_table(frame, '.4g')}\n")
 
 
 def table_from_scores(path: Path) -> pd.DataFrame:

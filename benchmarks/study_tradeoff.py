@@ -5,9 +5,11 @@ WikiText-2, from the committed tables (issue 27).
 
 Reads benchmarks/results/study_part{1..4}.csv (the study rule's tables: books validation, WikiText-2 test, pass-key of
 12 trials at 1K and 2K), forgetting_screen_validation.csv (books and WikiText-2 validation, pass-key at 1K-4K),
-no_worse_validation.csv, no_worse_screen2_validation.csv and no_worse_screen3_validation.csv (issue 44: the held-out
-novel and WikiText-2 validation, centroids trained on five novels), and draws benchmarks/results/study_tradeoff.{png,svg} with its table
-study_tradeoff.md (`focus.report.study`'s trade-off figure, which the study rule draws for a run).
+no_worse_validation.csv and no_worse_screen{2,3,4}_validation.csv (issue 44: the held-out novel and WikiText-2
+validation, centroids trained on five novels; screen4: the routing's shape and the teacher's share),
+oracle_selection_floor_validation.csv (the oracle at fixed shares of the distant pairs, the same splits), and draws
+benchmarks/results/study_tradeoff.{png,svg} with its table study_tradeoff.md
+(`focus.report.study`'s trade-off figure, which the study rule draws for a run).
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ def main() -> None:
             "passkey": rows[passkey].apply(lambda r: sum(_share(v) for v in r) / len(r), axis=1),
         })])
     for name, budget in (("no_worse_validation.csv", ""), ("no_worse_screen2_validation.csv", ", 100 steps"),
-                         ("no_worse_screen3_validation.csv", ", rows of 2,048")):
+                         ("no_worse_screen3_validation.csv", ", rows of 2,048"),
+                         ("no_worse_screen4_validation.csv", ", 100 steps")):
         if not (results / name).exists():
             continue
         rows = pd.read_csv(results / name).dropna(subset=["books_by_book_change"])
@@ -63,10 +66,21 @@ def main() -> None:
             "passkey": rows["needle"].map(lambda cell: _shares(cell) if isinstance(cell, str) and " of " in cell
                                           else float("nan")),
         })])
+    floor = results / "oracle_selection_floor_validation.csv"
+    if floor.exists():  # the oracle at a fixed share: what any routing choosing pairs by attention weight reaches
+        rows = pd.read_csv(floor)
+        rows = rows[rows["selection"].str.startswith("oracle at ") & (rows["design"] == "any routing")]
+        by_corpus = rows.pivot_table(index="distant_kept", columns="corpus", values="vs_pretrained")
+        points = pd.concat([points, pd.DataFrame({
+            "design": [f"oracle (any routing) at {kept:.0%} of distant pairs" for kept in by_corpus.index],
+            "domain_change": by_corpus["books_by_book"].values, "other_change": by_corpus["wikitext2"].values,
+            "distant_kept": by_corpus.index.values, "passkey": float("nan"),
+        })])
     note = ("parts 1-4: books validation against WikiText-2 test, pass-key of 12 trials at 1K-2K; screen: both "
             "validation splits, pass-key at 1K-4K; window 64 unless named. by book (issue 44): the held-out novel's "
-            "validation (a book the centroids never saw) against WikiText-2 validation. SmolLM2-135M-Instruct, "
-            "16 groups, top-2, bfloat16.")
+            "validation (a book the centroids never saw) against WikiText-2 validation; oracle: the heaviest distant "
+            "pairs by the true attention logits at a fixed share (float32). SmolLM2-135M-Instruct, 16 groups, "
+            "top-2 unless named, bfloat16.")
     plot_tradeoff(points, results / "study_tradeoff.png", "books", "WikiText-2", note)
     write_text(results / "study_tradeoff.md", f"{note}\n\n{markdown_table(points, '.3g')}\n")
     print((results / "study_tradeoff.md").read_text())
