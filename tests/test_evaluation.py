@@ -242,9 +242,12 @@ def test_no_degradation_counts_perplexity_on_text_the_centroids_never_saw(wikite
     ppl = pd.DataFrame({"model": "m", "method": ["pretrained", "focus-hard", "focus-soft"] * 2,
                         "domain": ["wikitext2"] * 3 + ["books"] * 3,
                         "perplexity": [20.0, wikitext2, 25.0, 30.0, 35.0, 29.0]})
-    row = judge_claims({"main_model": "m", "train_domain": "books", "perplexity": ppl}).set_index("claim").loc[
-        "downstream benchmarks after retrofit"]
+    training = pd.DataFrame({"model": ["m", "m", "other"], "variant": ["full_finetune", "focus", "focus"],
+                             "steps": [30, 300, 10], "tokens": [30720, 307200, 10240]})
+    row = judge_claims({"main_model": "m", "train_domain": "books", "perplexity": ppl, "training": training}
+                       ).set_index("claim").loc["downstream benchmarks after retrofit"]
     assert row["verdict"] == verdict and f"wikitext2 {wikitext2 / 20 - 1:+.1%} (focus-hard)" in row["ours"]
+    assert "trained on books, centroids trained on 307,200 tokens (300 steps), no worse" in row["setting"]  # its budget
 
 
 @pytest.mark.parametrize(("unchanged", "verdict"), [([True, True], HOLDS), ([True, False], FAILS),

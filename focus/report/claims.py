@@ -82,8 +82,8 @@ def _zero_degradation(r):
         method, change = elsewhere
         ours.append("perplexity off the training domain: " + ", ".join(
             f"{domain} {value:+.1%}" for domain, value in change.items()) + f" ({method})")
-        settings.append(f"{', '.join(change.index)} test splits, trained on {r['train_domain']}, "
-                        f"no worse = within +{NO_WORSE:.1%}")
+        settings.append(f"{', '.join(change.index)} test splits, trained on {r['train_domain']}"
+                        f"{_centroid_budget(r)}, no worse = within +{NO_WORSE:.1%}")
         worst = min(worst, NO_WORSE - float(change.max()))
     if bench is not None:
         worst, deltas = _focus_against_pretrained(bench, ["model", "task"])
@@ -102,6 +102,18 @@ def _zero_degradation(r):
         settings.append(f"RULER {ruler['task'].nunique()} tasks at {spans} tokens, "
                         f"{int(ruler['documents'].max())} docs each")
     return "; ".join(ours), "; ".join(settings), HOLDS if worst >= 0 else FAILS
+
+
+def _centroid_budget(r) -> str:
+    """', centroids trained on N tokens (S steps)' from the training table for the main model, or '' without one: a
+    verdict on forgetting holds for the budget it was measured at."""
+    training = r.get("training")
+    if training is None or not {"model", "variant", "tokens", "steps"} <= set(training.columns):
+        return ""
+    row = training[(training["model"] == r["main_model"]) & (training["variant"] == "focus")]
+    if row.empty:
+        return ""
+    return f", centroids trained on {int(row['tokens'].iloc[0]):,} tokens ({int(row['steps'].iloc[0])} steps)"
 
 
 def _perplexity_elsewhere(r):
