@@ -54,13 +54,15 @@ def main() -> None:
         })])
     for name, budget in (("no_worse_validation.csv", ""), ("no_worse_screen2_validation.csv", ", 100 steps"),
                          ("no_worse_screen3_validation.csv", ", rows of 2,048"),
-                         ("no_worse_screen4_validation.csv", ", 100 steps")):
+                         ("no_worse_screen4_validation.csv", "")):  # its steps per row
         if not (results / name).exists():
             continue
         rows = pd.read_csv(results / name).dropna(subset=["books_by_book_change"])
         rows = rows[rows["design"] != "pretrained"]
         points = pd.concat([points, pd.DataFrame({
-            "design": "by book: " + rows["design"] + ", window 128" + budget,
+            "design": "by book: " + rows["design"] + ", window 128" + (
+                rows["steps"].map(lambda steps: f", {int(steps)} steps" if steps != 300 else "") if "steps" in rows
+                else budget),
             "domain_change": rows["books_by_book_change"], "other_change": rows["wikitext2_change"],
             "distant_kept": rows["distant_kept"],
             "passkey": rows["needle"].map(lambda cell: _shares(cell) if isinstance(cell, str) and " of " in cell

@@ -196,7 +196,8 @@ def plot_tradeoff(points: pd.DataFrame, figure: str | Path, domain: str, other: 
     names each number with its pairs kept and pass-key accuracy. Lower left is better on both; the dashed lines are
     the pretrained model."""
     plt = pyplot()
-    fig, (ax, key) = plt.subplots(1, 2, figsize=(13, 6), gridspec_kw={"width_ratios": [1.3, 1]})
+    height = max(6.0, 2.5 + 0.13 * len(points))  # room for the key's line per point
+    fig, (ax, key) = plt.subplots(1, 2, figsize=(13, height), gridspec_kw={"width_ratios": [1.3, 1]})
     points = points.reset_index(drop=True)
     kept = points["distant_kept"].astype(float).fillna(0.0)  # not measured: the smallest marker, no "kept" in the key
     dense = kept >= 1.0
@@ -218,7 +219,7 @@ def plot_tradeoff(points: pd.DataFrame, figure: str | Path, domain: str, other: 
     ax.legend(fontsize="small", loc="upper left")
     key.set_axis_off()
     key.text(0, 1, "\n".join(lines), va="top", fontsize=7, family="monospace", wrap=True)
-    if note:  # under the key, clear of the axes' label
+    if note:  # under the key (the figure grows with the key's lines), clear of the axes' label
         key.text(0, 0, note, va="bottom", fontsize=7, wrap=True)
     save_figure(fig, figure)
 
