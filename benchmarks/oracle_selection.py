@@ -2,8 +2,8 @@
 
     .venv/bin/python benchmarks/oracle_selection.py --adapters results/study/train/smollm2/*/adapter --tag study
     .venv/bin/python benchmarks/oracle_selection.py --adapters .gpu/adapters/mix50_kl10 \\
-        --tokens DIR/books_by_book.tokens.safetensors DIR/nonfiction.tokens.safetensors \\
-        DIR/wikitext2.tokens.safetensors --shares 0.2 0.3 0.5 0.7 --tag floor      # the floor per kept share
+        --tokens DIR/books_by_book.tokens.safetensors DIR/wikitext2.tokens.safetensors \\
+        --shares 0.1 0.2 0.3 --tag floor_validation      # the floor per kept share (DIR: no_worse_screen.py --prepare)
 
 For each corpus (a `prepare_tokens` file, named by its file name; `--split` of it, non-overlapping rows of
 `--seq-len`) and each trained adapter: the pretrained model, Focus hard top-k, and the oracle

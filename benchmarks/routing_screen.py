@@ -2,14 +2,15 @@
 
     .venv/bin/python benchmarks/routing_screen.py                     # books validation, 512 tokens, window 64
     .venv/bin/python benchmarks/routing_screen.py --seq-len 1024 --window 256 --tag 1024
-    .venv/bin/python benchmarks/routing_screen.py --window 128 --shapes 16x2 64x4 --corpus wikitext2 --tag shapes
+    .venv/bin/python benchmarks/routing_screen.py --window 128 --shapes 16x2 32x3 48x4 63x5 32x2 --corpus wikitext2 \
+        --tag shapes_wikitext2
 
 For every design (FocusConfig changes), centroids are k-means of calibration rows of the books train split (as
 apply_focus initialises them), then on validation rows: the share of the pretrained model's distant attention mass
 the hard pattern keeps, the share of distant pairs it keeps, the per-row oracle at that cost
 (`focus.eval.diagnostics`), and hard-mode perplexity with every layer sparsified. `--shapes GROUPSxTOP_K ...` screens
 the library's routing (query routing, rotary undone) at those numbers of groups and groups per token instead: the
-capacity of the routing, measured where its kept share matches. Writes <out>/routing_screen_<tag>.{csv,md}.
+capacity of the routing, read against the share of pairs each keeps. Writes <out>/routing_screen_<tag>.{csv,md}.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=64)
     parser.add_argument("--groups", type=int, default=16)
     parser.add_argument("--top-k", type=int, default=2)
-    parser.add_argument("--shapes", nargs="*", default=[], help="GROUPSxTOP_K, e.g. 16x2 64x4")
+    parser.add_argument("--shapes", nargs="*", default=[], help="GROUPSxTOP_K, e.g. 16x2 48x4")
     parser.add_argument("--corpus", default="books", help="the corpus whose validation rows are scored")
     parser.add_argument("--rows", type=int, default=8, help="validation rows scored")
     parser.add_argument("--out", default="benchmarks/results")
