@@ -91,13 +91,12 @@ def main() -> None:
 def _write(frame: pd.DataFrame, args) -> None:
     stem = Path(args.out) / "matrix_units"
     write_text(stem.with_suffix(".csv"), frame.to_csv(index=False))
-    head = (f"SmolLM2-135M-Instruct prefill, bfloat16, {torch.get_num_threads()} threads, {device_info()['cpu']} with "
-            f"AMX; adapter "
-            f"{args.adapter}; native FocusCache; the three sides in turns, medians of {args.rounds}. Speedups are "
-            f"unmodified / Focus, `attention` the seconds inside the attention functions (routing and index upkeep "
-            f"included), `prefill` end to end; `matrix_over_vector_attention` the vector units' attention seconds "
-            f"over the matrix units'. `benchmarks/matrix_units.py --top-k {' '.join(map(str, args.top_k))} "
-            f"--lengths {' '.join(map(str, args.lengths))}`.")
+    head = (f"SmolLM2-135M-Instruct prefill, bfloat16, {torch.get_num_threads()} threads, {device_info()['cpu']} "
+            f"with AMX; adapter {args.adapter}; native FocusCache; the three sides in turns, medians of "
+            f"{args.rounds}. Speedups are unmodified / Focus, `attention` the seconds inside the attention functions "
+            "(routing and index upkeep included), `prefill` end to end; `matrix_over_vector_attention` the vector "
+            "units' attention seconds over the matrix units'. `benchmarks/matrix_units.py --top-k "
+            f"{' '.join(map(str, args.top_k))} --lengths {' '.join(map(str, args.lengths))}`.")
     shown = frame[["top_k", "prompt", "matrix_over_vector_attention", "attention_speedup_matrix",
                    "attention_speedup_vector", "prefill_speedup_matrix", "prefill_speedup_vector"]]
     write_text(stem.with_suffix(".md"), f"{head}\n\n{markdown_table(shown, '.3g')}\n")

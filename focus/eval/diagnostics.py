@@ -9,9 +9,10 @@ The oracle keeps, in every query row, the same number of distant pairs as the pa
 routing can recall more at that cost, so recall / oracle recall is how much of the possible a routing achieves.
 
 `oracle_selection` makes that oracle the model's attention: every layer keeps its window, its sinks and, per query
-row, the heaviest distant pairs, as many as the model's own hard pattern keeps in that row. Its perplexity is what a
-routing that chose pairs by the true attention weights would score at Focus's cost: the bar a better routing could
-reach, and, when the pretrained model still beats it, the sign that the cost itself, not the routing, loses.
+row, the heaviest distant pairs, as many as the model's own hard pattern keeps in that row (or, with `share`, that
+share of the row's distant pairs). Its perplexity is what a routing that chose pairs by the true attention weights
+would score at Focus's cost: the bar a better routing could reach, and, when the pretrained model still beats it, the
+sign that the cost itself, not the routing, loses.
 """
 
 from __future__ import annotations
