@@ -1,7 +1,8 @@
 """Focus adapters on disk: a JSON config plus a safetensors file of only the centroids.
 
     <dir>/focus_config.json          sorted keys: FocusConfig, base model id, shapes, version, git commit
-    <dir>/focus_centroids.safetensors   layers.<i>.centroids (sets, G, D), layers.<i>.group_bias (sets, G)
+    <dir>/focus_centroids.safetensors   layers.<i>.centroids (sets, G, D), layers.<i>.group_bias (sets, G), and for
+                                     selector="indexer" layers.<i>.indexer_query (H, D, r), layers.<i>.indexer_key (K, D, r)
     <dir>/README.md                  the model card, when written (`focus.hub.write_model_card`)
 
 An adapter is read from a folder or from a hub repo id (`resolve_adapter`, through huggingface_hub's cache).
@@ -20,6 +21,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
+from focus.attention.indexer import KEY_WEIGHTS, QUERY_WEIGHTS
 from focus.config import ConfigError, FocusConfig, to_dict
 from focus.distributed import barrier, copy_full_, full_state, is_main_process
 from focus.files import atomic_write, write_json
@@ -28,6 +30,8 @@ from focus.retrofit import apply_focus, attention_modules, focus_config, has_foc
 from focus.sources import HUB_ID
 from focus.version import __version__
 
+_INDEXER = {"indexer_query": QUERY_WEIGHTS, "indexer_key": KEY_WEIGHTS}
+"""An indexer's tensors (`selector="indexer"`) in the weights file, by the module attribute that holds each."""
 CONFIG_NAME = "focus_config.json"
 WEIGHTS_NAME = "focus_centroids.safetensors"
 CARD_NAME = "README.md"
@@ -47,6 +51,9 @@ def save_focus(model: PreTrainedModel, directory: str | Path, base_model: str | 
     for i, module in enumerate(modules):
         tensors[f"layers.{i}.centroids"] = full_state(module.focus_centroids.detach()).float().cpu().contiguous()
         tensors[f"layers.{i}.group_bias"] = full_state(module.focus_group_bias.detach()).float().cpu().contiguous()
+        for name, attribute in _INDEXER.items():
+            if hasattr(module, attribute):
+                tensors[f"layers.{i}.{name}"] = full_state(getattr(module, attribute).detach()).float().cpu().contiguous()
     if is_main_process():
         config = focus_config(model)
         record = {
@@ -167,15 +174,23 @@ def load_focus(
             f"Focus adapter {directory} holds {record['num_layers']} layers of {tuple(record['centroid_shape'])} "
             f"centroids (base {record['base_model']}), but this model needs {layers} layers of {tuple(expected)}"
         )
-    tensors = _read_tensors(directory, layers, tuple(expected))
+    heads = model.config.get_text_config().num_attention_heads
+    indexer = {} if config.selector != "indexer" else {
+        "indexer_query": (heads, head_dim, config.indexer_rank), "indexer_key": (kv_heads, head_dim, config.indexer_rank)}
+    tensors = _read_tensors(directory, layers, tuple(expected), indexer)
     if not has_focus(model):
         apply_focus(model, config, init_centroids=False)
-    elif focus_config(model).num_groups != config.num_groups or focus_config(model).shared_centroids != config.shared_centroids:
+    elif (focus_config(model).num_groups != config.num_groups
+          or focus_config(model).shared_centroids != config.shared_centroids
+          or any(tuple(getattr(attention_modules(model)[0], _INDEXER[name], torch.empty(0)).shape) != shape
+                 for name, shape in indexer.items())):
         raise AdapterError(f"model's Focus layout differs from the adapter at {directory}; call remove_focus first")
     for i, module in enumerate(attention_modules(model)):
         module.focus_config = config
         copy_full_(module.focus_centroids, tensors[f"layers.{i}.centroids"])  # or this process's shard of them
         copy_full_(module.focus_group_bias, tensors[f"layers.{i}.group_bias"])
+        for name in indexer:
+            copy_full_(getattr(module, _INDEXER[name]), tensors[f"layers.{i}.{name}"])
     return model
 
 
@@ -199,8 +214,11 @@ def _is_hub_id(name: str) -> bool:
     return bool(HUB_ID.match(name)) and not Path(name).expanduser().exists()
 
 
-def _read_tensors(directory: Path, layers: int, centroid_shape: tuple[int, ...]) -> dict[str, torch.Tensor]:
-    """The adapter's tensors, every one checked: present, no others, floating point, of the expected shape."""
+def _read_tensors(
+    directory: Path, layers: int, centroid_shape: tuple[int, ...], per_layer: dict[str, tuple[int, ...]] | None = None,
+) -> dict[str, torch.Tensor]:
+    """The adapter's tensors, every one checked: present, no others, floating point, of the expected shape.
+    `per_layer`: the shapes of further tensors each layer holds ({name: shape}, an indexer's)."""
     path = directory / WEIGHTS_NAME
     if not path.is_file():
         raise FileNotFoundError(f"Focus adapter {directory} has no {WEIGHTS_NAME}")
@@ -212,6 +230,8 @@ def _read_tensors(directory: Path, layers: int, centroid_shape: tuple[int, ...])
     for i in range(layers):
         expected[f"layers.{i}.centroids"] = centroid_shape
         expected[f"layers.{i}.group_bias"] = centroid_shape[:2]
+        for name, shape in (per_layer or {}).items():
+            expected[f"layers.{i}.{name}"] = shape
     missing = sorted(set(expected) - set(tensors), key=_natural)
     unexpected = sorted(set(tensors) - set(expected), key=_natural)
     if missing or unexpected:

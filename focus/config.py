@@ -205,19 +205,26 @@ class FocusConfig:
             "per query, so prefill and decoding agree. Not applied while the centroids train (0 = Focus everywhere)."
         },
     )
-    selector: Literal["centroids", "streaming", "quest", "clusters"] = field(
+    selector: Literal["centroids", "indexer", "streaming", "quest", "clusters"] = field(
         default="centroids",
         metadata={
             "help": "Hard mode at inference: which rule picks a query's distant keys. 'centroids' is Focus (the keys "
-            "of the query's top-k groups); the training-free peers keep a share `budget` of each query's distant "
-            "keys: 'streaming' the most recent ones (budget 0: StreamingLLM), 'quest' whole pages of 16 keys by "
-            "Quest's bound on their logits, 'clusters' whole clusters of keys (nearest centroid) by the query's "
-            "routing logit (ClusterKV). The peers run on the dense masked kernel: a measure, not a fast path."
+            "of the query's top-k groups); the others keep a share `budget` of each query's distant keys: "
+            "'indexer' those with the highest low-rank estimate of their logit (focus.attention.indexer: trained "
+            "against the frozen model's attention, the objective 'attention_recall'; untrained, the keys' principal "
+            "directions, as Loki; always in hard mode), and the training-free peers: 'streaming' the most recent ones (budget 0: "
+            "StreamingLLM), 'quest' whole pages of 16 keys by Quest's bound on their logits, 'clusters' whole "
+            "clusters of keys (nearest centroid) by the query's routing logit (ClusterKV). They run on the dense "
+            "masked kernel: a measure, not yet a fast path."
         },
     )
     budget: float = field(
         default=0.3,
-        metadata={"help": "The share of each query's distant keys a training-free `selector` keeps (0 to 1)."},
+        metadata={"help": "The share of each query's distant keys a `selector` other than 'centroids' keeps (0 to 1)."},
+    )
+    indexer_rank: int = field(
+        default=16,
+        metadata={"help": "selector='indexer': dimensions of the low-rank query and key projections per head."},
     )
     distill: float = field(
         default=0.0,
@@ -270,6 +277,18 @@ class FocusConfig:
         if self.selector == "clusters" and self.route_on != "key":
             raise ConfigError(f"FocusConfig.selector='clusters' ranks key clusters by the query: it needs "
                               f"route_on='key', got {self.route_on!r}")
+        if self.selector == "indexer":
+            if self.objective == "straight_through":  # the default, meant for centroids: the indexer learns as DSA's
+                object.__setattr__(self, "objective", "attention_recall")  # warm-up does, from the dense attention
+            object.__setattr__(self, "mode", "hard")  # it has no soft gate: it selects, or (training) it is scored
+            if self.objective != "attention_recall":
+                raise ConfigError(f"FocusConfig.selector='indexer' trains against the frozen model's attention "
+                                  f"(objective='attention_recall'), got objective={self.objective!r}")
+            if self.route_queries == "key":
+                raise ConfigError("FocusConfig.selector='indexer' scores each query against the keys: it needs "
+                                  "route_queries='query' or 'kv_head', got 'key'")
+        if self.indexer_rank < 1:
+            raise ConfigError(f"FocusConfig.indexer_rank must be >= 1, got {self.indexer_rank}")
         if not 0 <= self.budget <= 1:
             raise ConfigError(f"FocusConfig.budget must be in [0, 1], got {self.budget}")
         if not (self.distill >= 0 and math.isfinite(self.distill)):

@@ -19,6 +19,7 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from focus.attention.function import FOCUS_ATTENTION, focus_attention
+from focus.attention.indexer import KEY_WEIGHTS, QUERY_WEIGHTS, calibrate_indexer
 from focus.attention.reference import unmodified_attention
 from focus.attention.routing import key_positions, routing_vectors, spherical_kmeans
 from focus.config import FocusConfig, dense_head_address
@@ -121,6 +122,10 @@ def apply_focus(
     if output_embeddings is not None:
         model._focus_original["output_hook"] = output_embeddings.register_forward_pre_hook(_contiguous_input)
     kv_heads, head_dim = head_shape(model)
+    heads = model.config.get_text_config().num_attention_heads
+    if config.selector == "indexer" and config.indexer_rank > head_dim:
+        raise ValueError(f"FocusConfig.indexer_rank {config.indexer_rank} exceeds the head size {head_dim} of "
+                         f"{type(model).__name__}")
     for name in config.dense_heads:
         layer, head = dense_head_address(name)
         if layer >= len(modules) or head >= kv_heads:
@@ -144,6 +149,10 @@ def apply_focus(
         # float32 whatever the model's dtype: these are the only weights an optimizer updates.
         module.focus_centroids = nn.Parameter(torch.zeros(sets, config.num_groups, head_dim, device=device))
         module.register_buffer("focus_group_bias", torch.zeros(sets, config.num_groups, device=device))
+        if config.selector == "indexer":  # the indexer is the router that trains; the centroids are kept, unused
+            module.focus_centroids.requires_grad_(False)
+            setattr(module, QUERY_WEIGHTS, nn.Parameter(torch.zeros(heads, head_dim, config.indexer_rank, device=device)))
+            setattr(module, KEY_WEIGHTS, nn.Parameter(torch.zeros(kv_heads, head_dim, config.indexer_rank, device=device)))
     if init_centroids:
         calibrate_centroids(model, calibration_ids, calibration_mask, seed)
     model.set_attn_implementation(FOCUS_ATTENTION)
@@ -216,6 +225,9 @@ def remove_focus(model: PreTrainedModel) -> PreTrainedModel:
     original = model._focus_original
     for module in attention_modules(model):
         del module.focus_centroids, module.focus_group_bias, module.focus_config
+        for name in (QUERY_WEIGHTS, KEY_WEIGHTS):
+            if hasattr(module, name):
+                delattr(module, name)
         if hasattr(module, "focus_inv_freq"):
             del module.focus_inv_freq
     model.set_attn_implementation(original["attn_implementation"])
@@ -260,8 +272,15 @@ def focus_config(model: nn.Module) -> FocusConfig:
 
 
 def focus_parameters(model: nn.Module) -> list[nn.Parameter]:
-    """The centroid parameters, one (sets, G, D) tensor per layer, in layer order."""
-    return [m.focus_centroids for m in attention_modules(model) if hasattr(m, "focus_centroids")]
+    """The router's parameters in layer order: the centroids, one (sets, G, D) tensor per layer, or, for
+    `selector="indexer"`, the indexer's query and key weights, (H, D, r) and (K, D, r) per layer."""
+    found = []
+    for module in attention_modules(model):
+        if hasattr(module, KEY_WEIGHTS):
+            found += [getattr(module, QUERY_WEIGHTS), getattr(module, KEY_WEIGHTS)]
+        elif hasattr(module, "focus_centroids"):
+            found.append(module.focus_centroids)
+    return found
 
 
 def focus_parameter_count(model: nn.Module) -> int:
@@ -278,7 +297,8 @@ def kmeans_centroids(
     calibration_mask: torch.Tensor | None = None,
     seed: int = 0,
 ) -> None:
-    """Set each layer's centroids to spherical k-means of that layer's routing vectors.
+    """Set each layer's centroids to spherical k-means of that layer's routing vectors, and its indexer, if it has one
+    (`selector="indexer"`), to the principal directions of its keys (`focus.attention.indexer.calibrate_indexer`).
 
     The model runs with its own (dense) attention while the vectors are collected, so layer l sees
     exactly the vectors the unmodified network produces.
@@ -300,6 +320,9 @@ def kmeans_centroids(
     for module in modules:
         vectors = torch.cat(module._focus_calibration, dim=0)  # (N, K, D) real tokens only
         del module._focus_calibration
+        second_moment = module.__dict__.pop("_focus_key_moment", None)
+        if second_moment is not None:
+            calibrate_indexer(module, second_moment)
         sets, num_groups, _ = module.focus_centroids.shape
         points = [vectors.flatten(0, 1)] if sets == 1 else vectors.unbind(dim=1)
         centroids = [
@@ -321,5 +344,10 @@ def _calibration_attention(module, query, key, value, attention_mask, scaling=No
     else:
         tokens = tokens.flatten(0, 1)
     module._focus_calibration.append(tokens.cpu())
+    if hasattr(module, KEY_WEIGHTS):  # the indexer starts from the principal directions of the keys as attended
+        keys = key.transpose(1, 2).float()  # (B, L, K, D)
+        keys = keys[base_mask.any(dim=-2)[:, 0]] if base_mask is not None else keys.flatten(0, 1)  # (N, K, D)
+        moment = torch.einsum("nkd,nke->kde", keys, keys).cpu().double()
+        module.__dict__["_focus_key_moment"] = module.__dict__.get("_focus_key_moment", 0) + moment
     out = unmodified_attention(query, key, value, base_mask, scaling, dropout, softcap)
     return out.transpose(1, 2).contiguous(), None

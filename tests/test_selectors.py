@@ -134,7 +134,7 @@ def test_a_selector_runs_on_the_dense_masked_kernel_and_only_in_hard_inference()
     assert explain(config.replace(mode="soft"), keys=4096).router == "eager"  # training keeps the centroids
 
 
-@pytest.mark.parametrize("selector", ["streaming", "quest", "clusters"])
+@pytest.mark.parametrize("selector", ["streaming", "quest", "clusters", "indexer"])
 def test_a_selector_model_is_the_dense_reference_under_its_pattern(smollm2, selector):
     """SmolLM2 with a selector: the logits are the model's attending densely over the selected pairs (each layer's
     attention recomputed by the explicit reference); budget 1 is the unmodified model; a FocusCache's generate()

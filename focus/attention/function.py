@@ -18,6 +18,7 @@ from torch import nn
 from focus.attention.decoding import index_new_keys, masked_decode_attention, sparse_decode_attention, take_cache_index
 from focus.attention.decomposed import decomposed_hard_attention
 from focus.attention.group_index import GroupIndex
+from focus.attention.indexer import indexer_loss
 from focus.attention.labels import label
 from focus.attention.native import ROUTE_QUERIES, kernels
 from focus.attention.planning import CallFacts, Plan, plan
@@ -41,6 +42,7 @@ from focus.attention.routing import (
     route_call,
     route_prompt_natively,
     routing_vectors,
+    sink_keys,
     step_groups,
     top_k_groups,
 )
@@ -103,7 +105,13 @@ def _attend(module, query, key, value, attention_mask, scaling, dropout, softcap
     index = take_cache_index(module)  # a FocusCache's group index of this layer's cached keys, or None
     chosen = plan(config, call_facts(module, call, index, trace is not None))
     position_ids = kwargs.get("position_ids")
-    if chosen.router in SELECTORS:  # a training-free peer: no groups, no index
+    if chosen.attention == "attention_recall" and config.selector == "indexer":
+        # The indexer's warm-up: the layer attends as the pretrained model does; the indexer learns its distant keys.
+        valid = None if base_mask is None else base_mask.any(dim=-2)[:, 0]
+        sinks = sink_keys(valid, k_len, config.sink_tokens, key.device) if config.sink_tokens else None
+        _keep_recall_loss(module, indexer_loss(module, query, key, base_mask, sinks, scaling, softcap))
+        return call.unmodified()
+    if chosen.router in SELECTORS or chosen.router == "indexer":  # no groups, no index
         with label("focus/selected"):
             allowed = selected_pairs(module, query, key, base_mask, position_ids)
             return _with_dense_rows(_masked(call, allowed), call, chosen.dense_rows)
@@ -128,13 +136,8 @@ def _attend(module, query, key, value, attention_mask, scaling, dropout, softcap
             routed = route_call(module, query, key_vectors, base_mask, positions)
     if chosen.attention == "attention_recall":
         # Training for recall: the layer attends as the pretrained model does, and scores its routing against that.
-        loss = recall_loss(query, key, routed.query_log_assign, routed.key_log_assign, config.window, base_mask,
-                           routed.sinks, scaling, softcap)
-        kept = module.__dict__.setdefault(LOSSES_ATTRIBUTE, [])
-        if kept:  # a training step that never takes the loss would optimise nothing, silently
-            raise RuntimeError("the attention-recall loss of the previous forward pass was never collected: train with "
-                               "objective=focus.train.objective.focus_objective(model)")
-        kept.append(loss)
+        _keep_recall_loss(module, recall_loss(query, key, routed.query_log_assign, routed.key_log_assign, config.window,
+                                              base_mask, routed.sinks, scaling, softcap))
         return call.unmodified()
     if chosen.attention == "straight_through":
         # The hard model's forward pass, the soft gate's gradient: out = soft + (hard - soft), the difference detached.
@@ -146,6 +149,15 @@ def _attend(module, query, key, value, attention_mask, scaling, dropout, softcap
         return _with_dense_rows(_soft_attention(config, call, routed), call, chosen.dense_rows)
     with label("focus/hard_attention"):
         return _with_dense_rows(_hard_attention(config, call, routed, chosen.kernel, index), call, chosen.dense_rows)
+
+
+def _keep_recall_loss(module: nn.Module, loss: torch.Tensor) -> None:
+    """Keep the layer's loss of this training call for the objective (`focus.train.objective.recall_term`)."""
+    kept = module.__dict__.setdefault(LOSSES_ATTRIBUTE, [])
+    if kept:  # a training step that never takes the loss would optimise nothing, silently
+        raise RuntimeError("the attention-recall loss of the previous forward pass was never collected: train with "
+                           "objective=focus.train.objective.focus_objective(model)")
+    kept.append(loss)
 
 
 def call_facts(module: nn.Module, call: AttentionCall, index: GroupIndex | None, traced: bool) -> CallFacts:

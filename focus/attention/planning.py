@@ -41,6 +41,7 @@ ROUTERS = {
     "none": "no routing: nothing uses groups",
     "eager": "PyTorch ops (focus.attention.routing)",
     "native": "native CPU calls (focus.attention.native): the same groups within float32 rounding",
+    "indexer": "a per-key indexer (focus.attention.indexer): the budget's distant keys by a low-rank logit estimate",
     **{name: f"training-free (focus.attention.selectors): {text}" for name, text in SELECTORS.items()},
 }
 
@@ -131,14 +132,14 @@ def plan(config: FocusConfig, facts: CallFacts) -> Plan:
 
 
 def _selector_plan(config: FocusConfig, facts: CallFacts, all_dense: bool) -> Plan:
-    """The plan of a hard call whose distant keys a training-free selector picks (`focus.attention.selectors`)."""
+    """The plan of a hard call whose distant keys a selector picks per query (`focus.attention.selectors`)."""
     if all_dense:
         return Plan("unmodified", "none", "unmodified", f"every query is below dense_below={config.dense_below}",
                     facts.dense_rows)
     if config.window >= facts.keys:
         return Plan("unmodified", "none", "unmodified", f"every pair is within the window ({config.window})")
     return Plan("hard", config.selector, "dense_masked",
-                "a training-free selector: its keys differ per query and fit no group index", facts.dense_rows)
+                "a per-query selector: its keys differ per query and fit no group index", facts.dense_rows)
 
 
 def _fast_path_blocker(facts: CallFacts, switch: str) -> str | None:

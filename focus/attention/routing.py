@@ -431,8 +431,11 @@ def key_positions(position_ids: torch.Tensor | None, k_len: int, device: torch.d
 
 
 def centroids_training(module: nn.Module) -> bool:
-    """Whether this call trains the layer's centroids (grad enabled and they require it)."""
-    return torch.is_grad_enabled() and module.focus_centroids.requires_grad
+    """Whether this call trains the layer's router (grad enabled and its parameters require it): its centroids, or
+    its indexer's weights under `selector="indexer"`."""
+    router = getattr(module, "focus_indexer_key", None)  # focus.attention.indexer.KEY_WEIGHTS (it imports this module)
+    router = module.focus_centroids if router is None else router
+    return torch.is_grad_enabled() and router.requires_grad
 
 
 def sink_keys(valid: torch.Tensor | None, k_len: int, sink_tokens: int, device=None) -> torch.Tensor:

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from focus.attention.indexer import indexer_scores, top_scored
 from focus.attention.reference import local_pairs, model_allowed, per_head
 from focus.attention.routing import dense_heads, key_positions, route_call, routing_vectors, sink_keys
 
@@ -39,7 +40,8 @@ def selected_pairs(
     module: nn.Module, query: torch.Tensor, key: torch.Tensor, base_mask: torch.Tensor | None,
     position_ids: torch.Tensor | None,
 ) -> torch.Tensor:
-    """(B, H, Q, L) bool the pairs a Focus layer's selector keeps (`FocusConfig.selector`) for query (B, H, Q, D) and
+    """(B, H, Q, L) bool the pairs a Focus layer's selector keeps (`FocusConfig.selector`: a training-free one, or the
+    per-key indexer of `focus.attention.indexer`) for query (B, H, Q, D) and
     key (B, K, L, D), the queries the last Q keys; `base_mask` (B, 1, Q, L) the pairs the model allows, or None."""
     config = module.focus_config
     b, heads, q_len, _ = query.shape
@@ -56,12 +58,14 @@ def selected_pairs(
         kept = recent_keys(distant, need)
     elif config.selector == "quest":
         kept = quest_keys(query, key, distant, need, valid)
+    elif config.selector == "indexer":
+        kept = top_scored(indexer_scores(module, query, key), distant, need)
     elif config.selector == "clusters":
         positions = key_positions(position_ids, k_len, key.device)
         routed = route_call(module, query, routing_vectors(module, key, positions), base_mask, positions)
         kept = cluster_keys(routed.query_log_assign, routed.key_log_assign, distant, need)
     else:
-        raise ValueError(f"selected_pairs: {config.selector!r} is not a training-free selector ({sorted(SELECTORS)})")
+        raise ValueError(f"selected_pairs: {config.selector!r} is not a selector ({sorted(SELECTORS)} or 'indexer')")
     pairs = (free | kept) & allowed
     if pairs.shape[1] != heads:  # one pattern per key/value head, or for all: each query head gets its own copy
         pairs = pairs.repeat_interleave(heads // pairs.shape[1], dim=1)
