@@ -19,6 +19,7 @@ include: "workflow/rules/benchmark.smk"
 include: "workflow/rules/scratch.smk"
 include: "workflow/rules/interpret.smk"
 include: "workflow/rules/study.smk"
+include: "workflow/rules/recall.smk"
 include: "workflow/rules/report.smk"
 
 

@@ -26,12 +26,12 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-import torch.nn.functional as F
 
 from focus import load_focus, remove_focus, set_focus_mode
 from focus.artifacts import markdown_table
 from focus.eval.diagnostics import distant_attention_recall, oracle_selection
 from focus.eval.paired import paired_ratio
+from focus.eval.perplexity import row_losses
 from focus.files import write_text
 from focus.models import PACKAGED_SMOLLM2, load_model
 from focus.pipeline.jobs import read_tokens
@@ -98,17 +98,6 @@ def main() -> None:
                   "share of the distant attention mass kept (8 rows).\n\n")
         write_text(out.with_suffix(".md"), header + markdown_table(frame, ".4g") + "\n")
     print(out.with_suffix(".md").read_text())
-
-
-@torch.no_grad()
-def row_losses(model, rows: torch.Tensor, batch_size: int = 4) -> torch.Tensor:
-    """(N,) float64 mean next-token loss of each row: rows are equally long, so their mean is the split's loss."""
-    model.eval()
-    losses = []
-    for chunk in rows.split(batch_size):
-        logits = model(input_ids=chunk, use_cache=False).logits[:, :-1].float()
-        losses.append(F.cross_entropy(logits.transpose(1, 2), chunk[:, 1:], reduction="none").mean(dim=1).double())
-    return torch.cat(losses)
 
 
 def versus(name: str, losses: torch.Tensor, base: torch.Tensor) -> dict[str, float]:

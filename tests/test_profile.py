@@ -105,6 +105,16 @@ def test_study_profile_resolves_its_designs_and_the_splits_they_are_chosen_on():
     assert resolve_profile(tiny(), SCHEMA)["perplexity"]["splits"] == ["test"]  # the default: test only
 
 
+def test_routers_profile_trains_the_indexer_and_screens_it_beside_the_untrained_routers():
+    profile = resolve_profile(yaml.safe_load((ROOT / "configs" / "routers.yaml").read_text()), SCHEMA)
+    indexer = profile["models"]["smollm2"]["variants"]["indexer16"]
+    assert (indexer["selector"], indexer["indexer_rank"], indexer["route_queries"]) == ("indexer", 16, "kv_head")
+    assert indexer["objective"] == "attention_recall" and indexer["mode"] == "hard"
+    screen = profile["recall_screen"]
+    assert screen["model"] == "smollm2" and screen["split"] == "validation" and screen["keys"] == [256, 512, 1024, 2048]
+    assert screen["routers"]["indexer16"] == "variant:indexer16"
+
+
 def test_method_variant():
     assert method_variant("pretrained") is None and method_variant("full_finetune") is None
     assert method_variant("focus-hard") == ("focus", "hard")
@@ -195,6 +205,18 @@ BAD = {
                               "peers.selectors.0: 'quest' does not match"),
     "peers of an unknown model": (lambda c: c.update(peers={"models": ["gpt9"], "selectors": ["quest@0.3"]}),
                                   "peers.models: 'gpt9' is not one of this profile's models"),
+    "screen of a variant the profile lacks": (
+        lambda c: c.update(recall_screen={"domains": ["books"], "lengths": [512], "routers": {"a": "variant:nope"}}),
+        "recall_screen.routers.a: 'variant:nope' names no variant of this profile",
+    ),
+    "screen of a corpus without its split": (
+        lambda c: c.update(recall_screen={"domains": ["wikitext2"], "lengths": [512], "routers": {"q": "quest"}}),
+        "recall_screen.domains: 'wikitext2' needs its 'validation' split",
+    ),
+    "screen router spec the screen cannot build": (
+        lambda c: c.update(recall_screen={"domains": ["books"], "lengths": [512], "routers": {"x": "oracle"}}),
+        "recall_screen.routers.x: 'oracle' does not match",
+    ),
     "window over the whole training row": (
         lambda c: c["focus"].update(window=512),
         "models.smollm2 variant focus: focus.window (512) must be < train.seq_len (512): a window over the whole row",

@@ -132,3 +132,16 @@ def _score_batch(
         losses = F.cross_entropy(row_logits, targets, reduction="none")  # (scored,)
         nll[end - scored : end] = losses.cpu()  # entry i is position i + 1
 
+
+
+@torch.no_grad()
+def row_losses(model: torch.nn.Module, rows: torch.Tensor, batch_size: int = 4) -> torch.Tensor:
+    """(N,) float64 mean next-token loss of each of `rows` (N, L), unpadded and equally long, so that their mean is
+    the rows' loss and two models' losses pair row by row (`focus.eval.paired.paired_ratio`)."""
+    model.eval()
+    losses = []
+    for chunk in rows.split(batch_size):
+        chunk = chunk.to(input_device(model))
+        logits = model(input_ids=chunk, use_cache=False).logits[:, :-1].float()
+        losses.append(F.cross_entropy(logits.transpose(1, 2), chunk[:, 1:], reduction="none").mean(dim=1).double().cpu())
+    return torch.cat(losses)

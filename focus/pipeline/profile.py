@@ -95,7 +95,28 @@ def resolve_profile(config: dict[str, Any], schema: dict[str, Any]) -> dict[str,
     _check_positions(profile)
     if config.get("study") is not None:
         profile["study"] = _study_dict(config["study"], variants, models, profile["perplexity"])
+    if config.get("recall_screen") is not None:
+        profile["recall_screen"] = _recall_screen_dict(config["recall_screen"], variants, models, config["data"])
     return profile
+
+
+def _recall_screen_dict(section: dict[str, Any], variants: dict[str, Any], models: dict[str, Any],
+                        data: dict[str, Any]) -> dict[str, Any]:
+    """The `recall_screen` section with its defaults and its model, domains and variant routers checked."""
+    screen = {"model": next(iter(models)), "split": "validation", "rows": 4, "shares": [0.05, 0.1, 0.2, 0.3, 0.5],
+              "keys": [256, 512, 1024, 2048], "last_queries": 1024, **section}
+    if screen["model"] not in models:
+        raise ConfigError(f"recall_screen.model: {screen['model']!r} is not one of this profile's models "
+                          f"{sorted(models)}")
+    for domain in screen["domains"]:
+        if screen["split"] not in data["domains"].get(domain, []):
+            raise ConfigError(f"recall_screen.domains: {domain!r} needs its {screen['split']!r} split; list it in "
+                              f"data.domains.{domain}")
+    for name, spec in screen["routers"].items():
+        if spec.startswith("variant:") and spec.removeprefix("variant:") not in variants:
+            raise ConfigError(f"recall_screen.routers.{name}: {spec!r} names no variant of this profile "
+                              f"{sorted(variants)}")
+    return screen
 
 
 def _check_positions(profile: dict[str, Any]) -> None:

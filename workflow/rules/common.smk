@@ -222,6 +222,18 @@ if PEERS["models"]:
     TABLES.update(peers=f"{R}/tables/peers.csv")
     if PEER_OTHER is not None and P["train"]["domain"] in P["perplexity"]["domains"]:
         FIGURES.update(peers_tradeoff=f"{R}/figures/peers_tradeoff.png")
+RECALL = P.get("recall_screen") or {}  # the router recall screen (workflow/rules/recall.smk)
+if RECALL:
+    TABLES.update(recall_screen=f"{R}/tables/recall_screen.csv")
+    FIGURES.update(recall_screen=f"{R}/figures/recall_screen.png")
+
+
+def recall_routers():
+    """The screen's routers as `focus.eval.router_screen.build_router` reads them: variant:NAME as its adapter."""
+    return {name: f"adapter:{train_folder(RECALL['model'], spec.removeprefix('variant:'))}/adapter"
+            if spec.startswith("variant:") else spec for name, spec in RECALL["routers"].items()}
+
+
 EVALUATION_TABLES = [name for name in ("benchmarks", "truthfulqa", "prompt_lengths", "lora", "long_context", "ruler")
                      if name in TABLES]
 TABLES.update(claims=f"{R}/tables/claims.csv")

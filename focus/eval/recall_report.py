@@ -1,0 +1,59 @@
+"""The recall screen's record and figure: the distant attention mass each router keeps, against the pairs kept.
+
+One panel per corpus and context length, one curve per router (`focus.eval.recall_screen.routing_recall`), the oracle
+(each query's heaviest distant keys) on top: no router keeps more at the same count, so the gap to it is what a
+better router could still win.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from focus.artifacts import markdown_table, pyplot, save_figure
+from focus.files import write_json, write_text
+from focus.provenance import provenance, provenance_line
+
+
+def plot_recall(frame: pd.DataFrame, figure: str | Path) -> None:
+    """`frame`: rows of corpus, length, router, kept, recall, oracle_recall (the screen's table)."""
+    plt = pyplot()
+    panels = list(frame.groupby(["corpus", "length"], sort=False))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), squeeze=False)
+    for ax, ((corpus, length), part) in zip(axes[0], panels):
+        first = part["router"].iloc[0]
+        oracle = part[part["router"] == first].sort_values("kept")
+        ax.plot(oracle["kept"], oracle["oracle_recall"], "k--", marker=".", label="oracle (heaviest keys)")
+        for router, curve in part.groupby("router", sort=False):
+            curve = curve.sort_values("kept")
+            ax.plot(curve["kept"], curve["recall"], marker="o", markersize=3, label=router)
+        ax.plot([0, 1], [0, 1], color="grey", linewidth=0.6)  # chance: as much mass as pairs
+        ax.set_xlim(0, max(0.55, float(part["kept"].max()) + 0.02))
+        ax.set_ylim(0, 1.0)
+        ax.set_title(f"{corpus}, {length:,} tokens", fontsize=10)
+        ax.set_xlabel("share of distant pairs kept")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("share of distant attention mass kept")
+    axes[0][-1].legend(fontsize=7, loc="lower right")
+    save_figure(fig, figure)
+
+
+def write_recall_tables(found: list[dict], layers: list[dict], scored: list[dict], stem: str | Path, header: str,
+                        command: str) -> None:
+    """The screen's record: <stem>.csv (per router, corpus, length and budget), <stem>_layers.csv (per layer),
+    <stem>.md (the table, the perplexities when measured, `header` and the provenance line naming `command`),
+    <stem>.provenance.json and the figure <stem>.png / .svg (`plot_recall`)."""
+    stem = Path(stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    frame = pd.DataFrame(found)
+    write_text(stem.with_suffix(".csv"), frame.to_csv(index=False))
+    write_text(stem.parent / f"{stem.name}_layers.csv", pd.DataFrame(layers).to_csv(index=False))
+    columns = ["corpus", "length", "router", "budget", "recall", "oracle_recall", "of_oracle", "kept"]
+    text = f"{provenance_line(command)}\n\n{header}\n\n{markdown_table(frame[columns], '.3g')}\n"
+    if scored:
+        text += ("\nPerplexity at a share of each query's distant keys, the ratio to pretrained with its paired 95% "
+                 f"interval over the rows:\n\n{markdown_table(pd.DataFrame(scored), '.4g')}\n")
+    write_text(stem.with_suffix(".md"), text)
+    write_json(stem.with_suffix(".provenance.json"), {**provenance(), "command": command})
+    plot_recall(frame, stem.with_suffix(".png"))

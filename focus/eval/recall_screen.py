@@ -1,0 +1,199 @@
+"""Recall as the screen: how much of full attention's distant mass a router keeps at a budget, beside the oracle.
+
+A router that keeps the distant keys full attention weighs loses nothing by dropping the rest: the oracle that keeps
+each query's heaviest distant keys is within 0.1% of the dense model on WikiText-2 at 10-30% of the pairs (docs/study.md).
+So a router is screened, before any long training or scoring, by the mass it keeps. `routing_recall` runs the model with
+its own, unmodified attention and, in every layer and query row, ranks the distant keys (beyond the window, sinks and
+the model's own masking excluded) by the router's score, and sums the true attention weights of the best n of them for
+n at each budget; the oracle ranks them by those weights themselves. Per budget, layer and key/value head it reports
+the distant mass kept (recall), the oracle's at the same count (its ceiling) and the share of the distant pairs kept.
+
+The routers' scores of key j for query i (`ROUTERS`):
+- "indexer": the layer's per-key indexer (`focus.attention.indexer`; untrained, the keys' principal directions: Loki);
+- "centroids": Focus's groups ranked per query, the best of the key's top-k groups by the query's log-assignment: the
+  groups kept best first until the budget (a per-query budget instead of a fixed top-k);
+- "quest": Quest's bound on the logits of the key's page of 16;
+- "streaming": recency.
+A unit router (groups, pages) is read at exactly the budget, the last unit cut, so within one unit of what it keeps.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+
+from focus.attention.indexer import indexer_scores
+from focus.attention.reference import local_pairs, model_allowed, unmodified_attention
+from focus.attention.routing import key_positions, route_call, routing_vectors, sink_keys, top_k_groups
+from focus.attention.selectors import QUEST_PAGE
+from focus.eval.diagnostics import _attending
+from focus.models import input_device
+from focus.retrofit import attention_modules, has_focus
+
+ROUTERS = ("indexer", "centroids", "quest", "streaming")
+_SCREEN = "focus_recall_screen"
+_STATE = "_focus_recall_screen"
+
+
+def routing_recall(
+    model: PreTrainedModel,
+    rows: torch.Tensor,
+    router: str,
+    budgets: Sequence[float | int],
+    last_queries: int | None = None,
+    query_chunk: int = 512,
+) -> dict:
+    """The distant attention mass `router` keeps in `model` (Focus applied) on `rows`, at each budget.
+
+    Args:
+        rows: (N, L) token ids, unpadded; one row per forward pass.
+        router: one of `ROUTERS`; the model's Focus layers supply its parameters (indexer weights, centroids).
+        budgets: per query, a float in (0, 1] keeps that share of its distant keys (rounded up), an int that many
+            (all where it has fewer).
+        last_queries: measure only the last this many queries of each row (long rows: where the context is long).
+        query_chunk: queries ranked at a time (memory: heads x chunk x L floats, a few times over).
+    Returns:
+        {"budgets": [...], "overall": [shares per budget], "layers": [[shares per budget] per layer],
+         "heads": [[[shares per budget] per key/value head] per layer]}, shares as `_shares` makes them: "recall",
+        "oracle_recall", "of_oracle" (recall / oracle recall), "kept" (share of the distant pairs), "distant_mass"
+        (share of all attention mass on distant pairs).
+    """
+    if not has_focus(model):
+        raise ValueError("routing_recall needs a model with Focus applied (its layers hold the router)")
+    if router not in ROUTERS:
+        raise ValueError(f"routing_recall: unknown router {router!r}; known: {list(ROUTERS)}")
+    for budget in budgets:
+        if isinstance(budget, float) and not 0 < budget <= 1 or isinstance(budget, int) and budget < 1:
+            raise ValueError(f"routing_recall: a budget is a share in (0, 1] or a count >= 1, got {budget!r}")
+    modules = attention_modules(model)
+    for module in modules:
+        setattr(module, _STATE, {"router": router, "budgets": list(budgets), "last": last_queries,
+                                 "chunk": query_chunk, "tally": 0})
+    try:
+        with torch.no_grad(), _attending(model, _SCREEN, _screen_attention):
+            for row in rows:
+                model(input_ids=row[None].to(input_device(model)), use_cache=False)
+        tallies = [getattr(module, _STATE)["tally"] for module in modules]  # (K, budgets, 5) each
+    finally:
+        for module in modules:
+            delattr(module, _STATE)
+    total = sum(t.sum(dim=0) for t in tallies)
+    return {"budgets": list(budgets), "overall": [_shares(b) for b in total],
+            "layers": [[_shares(b) for b in t.sum(dim=0)] for t in tallies],
+            "heads": [[[_shares(b) for b in head] for head in t] for t in tallies]}
+
+
+def _shares(tally: torch.Tensor) -> dict[str, float]:
+    kept, oracle, distant_mass, kept_pairs, distant_pairs, all_mass = tally.tolist()
+    recall = kept / max(distant_mass, 1e-30)
+    oracle_recall = oracle / max(distant_mass, 1e-30)
+    return {"recall": recall, "oracle_recall": oracle_recall, "of_oracle": recall / max(oracle_recall, 1e-30),
+            "kept": kept_pairs / max(distant_pairs, 1), "distant_mass": distant_mass / max(all_mass, 1e-30)}
+
+
+def _screen_attention(module: nn.Module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None,
+                      **kwargs):
+    """The unmodified attention, tallying per key/value head and budget what the router keeps of its distant mass."""
+    state = getattr(module, _STATE)
+    config = module.focus_config
+    heads, q_len, d = query.shape[1:]
+    k_heads, k_len = key.shape[1], key.shape[2]
+    base_mask = None if attention_mask is None else attention_mask[..., :k_len]
+    positions = key_positions(kwargs.get("position_ids"), k_len, key.device)
+    valid = None if base_mask is None else base_mask.any(dim=-2)[:, 0]
+    sinks = sink_keys(valid, k_len, config.sink_tokens, key.device) if config.sink_tokens else None
+    scorer = _scorer(module, state["router"], query, key, value, base_mask, positions, valid)
+    first = 0 if state["last"] is None else max(q_len - state["last"], 0)
+    tally = torch.zeros(k_heads, len(state["budgets"]), 6, dtype=torch.float64)
+    for start in range(first, q_len, state["chunk"]):
+        stop = min(start + state["chunk"], q_len)
+        rows = slice(start, stop)
+        logits = torch.einsum("bhqd,bhld->bhql", query[:, :, rows].float(),
+                              key.float().repeat_interleave(heads // k_heads, dim=1))
+        logits = logits * (d**-0.5 if scaling is None else scaling)
+        if softcap is not None:
+            logits = softcap * torch.tanh(logits / softcap)
+        allowed = model_allowed(base_mask, q_len, k_len, query.device)[:, :, rows]  # (B or 1, 1, c, L)
+        weights = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1).nan_to_num(0.0)  # (B, H, c, L)
+        distant = allowed & ~local_pairs(q_len, k_len, config.window, query.device)[rows]
+        if sinks is not None:
+            distant = distant & ~sinks[:, None, None, :]
+        distant = distant.expand_as(weights)
+        on_distant = weights * distant
+        order = scorer(rows).expand_as(weights).masked_fill(~distant, float("-inf")).argsort(dim=-1, descending=True)
+        by_router = on_distant.gather(-1, order).cumsum(dim=-1)  # mass of the n best keys by the router's score
+        by_weight = on_distant.sort(dim=-1, descending=True).values.cumsum(dim=-1)
+        count = distant.sum(dim=-1, keepdim=True)  # (B, H, c, 1)
+        for i, budget in enumerate(state["budgets"]):
+            need = torch.ceil(budget * count.double()).long() if isinstance(budget, float) else count.clamp_max(budget)
+            at = (need - 1).clamp_min(0)
+            some = need > 0
+            kept = by_router.gather(-1, at) * some
+            oracle = by_weight.gather(-1, at) * some
+            parts = [kept, oracle, on_distant.sum(dim=-1, keepdim=True), need.to(weights.dtype), count.to(weights.dtype),
+                     weights.sum(dim=-1, keepdim=True)]
+            tally[:, i] += torch.stack([_per_kv_head(p, k_heads) for p in parts], dim=-1)
+    state["tally"] = state["tally"] + tally
+    out = unmodified_attention(query, key, value, base_mask, scaling, dropout, softcap)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _per_kv_head(x: torch.Tensor, k_heads: int) -> torch.Tensor:
+    """(B, H, c, 1) -> (K,) float64 sums over the batch, the key/value head's query heads and the queries."""
+    return x.double().unflatten(1, (k_heads, -1)).transpose(0, 1).reshape(k_heads, -1).sum(dim=-1)
+
+
+def _scorer(module: nn.Module, router: str, query, key, value, base_mask, positions, valid):
+    """A function of a slice of the queries -> their scores of every key, broadcastable to (B, H, c, L)."""
+    config = module.focus_config
+    heads, k_heads, k_len = query.shape[1], key.shape[1], key.shape[2]
+    if router == "indexer":
+        def indexer(rows):
+            scores = indexer_scores(module, query[:, :, rows], key)
+            return scores if scores.shape[1] == heads else scores.repeat_interleave(heads // k_heads, dim=1)
+        return indexer
+    if router == "streaming":
+        return lambda rows: torch.arange(k_len, device=key.device, dtype=torch.float32)
+    if router == "quest":
+        return _quest_scorer(query, key, valid)
+    routed = route_call(module, query, routing_vectors(module, key if config.route_on == "key" else value, positions),
+                        base_mask, positions)
+    key_groups = top_k_groups(routed.key_log_assign, config.top_k)  # (B, K, L, k)
+    query_log_assign = routed.query_log_assign  # (B, K or H, Q, G)
+    r = heads // query_log_assign.shape[1]
+
+    def centroids(rows):
+        assign = query_log_assign[:, :, rows]  # (B, K or H, c, G)
+        groups = key_groups.repeat_interleave(assign.shape[1] // k_heads, dim=1)  # (B, K or H, L, k)
+        best = None
+        for t in range(groups.shape[-1]):
+            index = groups[..., t][:, :, None, :].expand(-1, -1, assign.shape[2], -1)  # (B, ., c, L)
+            score = assign.gather(-1, index)
+            best = score if best is None else torch.maximum(best, score)
+        return best if r == 1 else best.repeat_interleave(r, dim=1)
+    return centroids
+
+
+def _quest_scorer(query, key, valid):
+    """Quest's bound of each key's page of `QUEST_PAGE` keys, per query head (`focus.attention.selectors.quest_keys`)."""
+    b, heads, _, d = query.shape
+    k_heads, k_len = key.shape[1], key.shape[2]
+    pages = math.ceil(k_len / QUEST_PAGE)
+    pad = pages * QUEST_PAGE - k_len
+    paged = F.pad(key.float(), (0, 0, 0, pad)).view(b, k_heads, pages, QUEST_PAGE, d)
+    real = torch.ones(b, k_len, dtype=torch.bool, device=key.device) if valid is None else valid
+    real = F.pad(real, (0, pad)).view(b, 1, pages, QUEST_PAGE, 1)
+    high = paged.masked_fill(~real, float("-inf")).amax(dim=3).nan_to_num(0.0, neginf=0.0)  # (B, K, P, D)
+    low = paged.masked_fill(~real, float("inf")).amin(dim=3).nan_to_num(0.0, posinf=0.0)
+
+    def quest(rows):
+        q = query[:, :, rows].float().unflatten(1, (k_heads, heads // k_heads))  # (B, K, R, c, D)
+        bound = (q.clamp_min(0) @ high[:, :, None].transpose(-1, -2)
+                 + q.clamp_max(0) @ low[:, :, None].transpose(-1, -2))  # (B, K, R, c, P)
+        return bound.flatten(1, 2).repeat_interleave(QUEST_PAGE, dim=-1)[..., :k_len]
+    return quest

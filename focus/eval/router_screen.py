@@ -1,0 +1,147 @@
+"""Screen routers before training them: recall at budgets beside the oracle, and perplexity where it is asked for.
+
+A router is named by a spec (`build_router`), so that a profile, a command line and a notebook say the same thing:
+
+    indexer:RANK[:kv_head]   the per-key indexer at that rank, untrained: the keys' principal directions (Loki);
+                             kv_head: one selection per key/value head
+    centroids                Focus's groups (16, top-2) from k-means, ranked per query until the budget
+    quest | streaming        the training-free peers
+    adapter:FOLDER           a saved adapter: an indexer ranks by its indexer, any other by its groups
+
+`screen_routers` measures each router on each corpus and length: the distant attention mass it keeps at each budget
+and the oracle's at the same count (`focus.eval.recall_screen.routing_recall`), and, with `ppl_shares`, the perplexity
+of every router that selects at a budget (indexer, peers) and of the oracle, against the pretrained model on the same
+rows (paired 95% intervals). Budgets are shares of each query's distant keys below `long_from` tokens and keys per
+query from it (what DeepSeek's DSA keeps: a count).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+
+import torch
+from transformers import PreTrainedModel
+
+from focus.adapter import load_focus
+from focus.config import FocusConfig
+from focus.eval.diagnostics import oracle_selection
+from focus.eval.paired import paired_ratio
+from focus.eval.perplexity import row_losses
+from focus.eval.recall_screen import routing_recall
+from focus.retrofit import apply_focus, focus_config, focus_disabled, remove_focus, set_focus_mode
+
+KINDS = ("indexer", "centroids", "quest", "streaming", "adapter")
+
+
+def build_router(model: PreTrainedModel, spec: str, window: int, calibration: torch.Tensor | None) -> str:
+    """Apply the router `spec` (see the module's doc) to `model`, calibrated on `calibration` (N, T) token ids;
+    returns the kind `routing_recall` ranks its keys by."""
+    kind, _, arg = spec.partition(":")
+    if kind not in KINDS:
+        raise ValueError(f"router spec {spec!r}: unknown kind {kind!r}; known: {list(KINDS)}")
+    if kind == "adapter":
+        load_focus(model, arg)
+        set_focus_mode(model, "hard")
+        return "indexer" if focus_config(model).selector == "indexer" else "centroids"
+    if kind == "indexer":
+        rank, _, route = arg.partition(":")
+        if not rank.isdigit():
+            raise ValueError(f"router spec {spec!r}: indexer:RANK[:kv_head] needs a rank, e.g. indexer:16")
+        config = FocusConfig(selector="indexer", window=window, indexer_rank=int(rank), route_queries=route or "query")
+    else:
+        config = FocusConfig(window=window, mode="hard", selector=kind if kind != "centroids" else "centroids")
+    apply_focus(model, config, calibration_ids=calibration)
+    return kind
+
+
+def screen_routers(
+    model: PreTrainedModel,
+    routers: Mapping[str, str],
+    corpora: Mapping[str, torch.Tensor],
+    lengths: Sequence[int],
+    rows: int | Mapping[int, int],
+    shares: Sequence[float],
+    keys: Sequence[int] = (),
+    window: int = 128,
+    calibration: torch.Tensor | None = None,
+    long_from: int = 4096,
+    last_queries: int = 1024,
+    ppl_shares: Sequence[float] = (),
+    ppl_rows: int = 32,
+    report: Callable[[list, list, list], None] | None = None,
+) -> tuple[list[dict], list[dict], list[dict]]:
+    """Screen `routers` ({name: spec}) on `corpora` ({name: (T,) token ids of the split to screen on}).
+
+    Args:
+        rows: rows per length (one count for all, or {length: count}); ppl_rows: rows scored for perplexity.
+        keys: budgets in keys per query, from `long_from` tokens (then the last `last_queries` queries of each row
+            are measured); below it, `shares`. ppl_shares: perplexity at these shares, below `long_from` only.
+        report: called with the three lists after every corpus and length (write them as they come).
+    Returns:
+        (recall, per-layer recall, perplexity) rows: corpus, length, router, budget and the shares of
+        `routing_recall` / ppl, vs_pretrained, low, high.
+    """
+    found, layers, scored = [], [], []
+    for corpus, ids in corpora.items():
+        for length in lengths:
+            count = rows if isinstance(rows, int) else rows[length]
+            block = _rows(ids, length, count)
+            long = length >= long_from
+            budgets = list(keys) if long else list(shares)
+            ppl_block = None if long or not ppl_shares else _rows(ids, length, ppl_rows)
+            pretrained = None
+            for name, spec in routers.items():
+                kind = build_router(model, spec, window, calibration)
+                try:
+                    result = routing_recall(model, block, kind, budgets, last_queries=last_queries if long else None)
+                    where = {"corpus": corpus, "length": length, "router": name}
+                    for budget, shares_at in zip(budgets, result["overall"]):
+                        found.append({**where, "spec": spec, "budget": budget,
+                                      "budget_kind": "keys" if long else "share", **shares_at})
+                    for layer, per_budget in enumerate(result["layers"]):
+                        layers += [{**where, "layer": layer, "budget": b, **s} for b, s in zip(budgets, per_budget)]
+                    if ppl_block is not None and kind not in ("centroids",):
+                        pretrained = pretrained if pretrained is not None else _pretrained(model, ppl_block)
+                        scored += _perplexities(model, where, ppl_block, ppl_shares, pretrained)
+                finally:
+                    remove_focus(model)
+            if ppl_block is not None:
+                apply_focus(model, FocusConfig(window=window), calibration_ids=calibration)
+                try:
+                    pretrained = pretrained if pretrained is not None else _pretrained(model, ppl_block)
+                    scored += _perplexities(model, {"corpus": corpus, "length": length, "router": "oracle"},
+                                            ppl_block, ppl_shares, pretrained, oracle=True)
+                finally:
+                    remove_focus(model)
+            if report is not None:
+                report(found, layers, scored)
+    return found, layers, scored
+
+
+def _rows(ids: torch.Tensor, length: int, count: int) -> torch.Tensor:
+    count = min(count, len(ids) // length)
+    if count < 1:
+        raise ValueError(f"screen: {len(ids)} tokens hold no row of {length}")
+    return ids[: count * length].long().view(count, length)
+
+
+def _pretrained(model: PreTrainedModel, rows: torch.Tensor) -> torch.Tensor:
+    with focus_disabled(model):
+        return row_losses(model, rows, batch_size=1)
+
+
+def _perplexities(model, where: dict, rows: torch.Tensor, shares: Sequence[float], pretrained: torch.Tensor,
+                  oracle: bool = False) -> list[dict]:
+    found = []
+    for share in shares:
+        if oracle:
+            with oracle_selection(model, share=share):
+                losses = row_losses(model, rows, batch_size=1)
+        else:
+            set_focus_mode(model, "hard", budget=share)
+            losses = row_losses(model, rows, batch_size=1)
+        ratio, low, high = paired_ratio(losses.tolist(), pretrained.tolist())
+        found.append({**where, "budget": share, "ppl": math.exp(float(losses.mean())), "vs_pretrained": ratio,
+                      "low": low, "high": high, "rows": rows.shape[0]})
+    return found

@@ -1,0 +1,221 @@
+"""The per-key indexer (`focus.attention.indexer`, issue 54): its selection against a per-query statement, its KL
+loss against a per-query definition, its training on the frozen model, its adapter, and the recall screen."""
+
+import json
+import math
+
+import pytest
+import torch
+from test_reference import padded_causal_mask
+from test_training import tiny_llama
+
+from focus import FocusConfig, apply_focus, load_focus, remove_focus, save_focus, set_focus_mode
+from focus.adapter import WEIGHTS_NAME, AdapterError
+from focus.attention.indexer import (
+    KEY_WEIGHTS,
+    QUERY_WEIGHTS,
+    indexer_loss,
+    indexer_scores,
+    principal_directions,
+    top_scored,
+)
+from focus.attention.routing import centroids_training, sink_keys
+from focus.attention.selectors import selected_pairs
+from focus.config import ConfigError
+from focus.eval.recall_screen import routing_recall
+from focus.retrofit import attention_modules, focus_parameters
+from focus.train.config import TrainConfig
+from focus.train.loop import METRICS_NAME, train_parameters
+from focus.train.objective import focus_objective
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+WINDOW = 3
+
+
+class Layer(torch.nn.Module):
+    """What the indexer reads of a Focus layer: its config and its two weights."""
+
+    def __init__(self, heads=4, k_heads=2, d=8, rank=3, seed=0, **changes):
+        super().__init__()
+        gen = torch.Generator().manual_seed(seed)
+        self.focus_config = FocusConfig(mode="hard", window=WINDOW, sink_tokens=1, unrotate=False, selector="indexer",
+                                        indexer_rank=rank, **changes)
+        setattr(self, QUERY_WEIGHTS, torch.nn.Parameter(torch.randn(heads, d, rank, generator=gen)))
+        setattr(self, KEY_WEIGHTS, torch.nn.Parameter(torch.randn(k_heads, d, rank, generator=gen)))
+
+
+def case(seed=1, b=2, heads=4, k_heads=2, length=12, d=8):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(b, heads, length, d, generator=gen), torch.randn(b, k_heads, length, d, generator=gen)
+
+
+@pytest.mark.parametrize("route_queries", ["query", "kv_head"])
+def test_the_selection_keeps_each_querys_best_scored_distant_keys(route_queries):
+    layer = Layer(route_queries=route_queries, budget=0.4)
+    query, key = case()
+    base = padded_causal_mask(2, 12, [0, 2])
+    got = selected_pairs(layer, query, key, base, None)  # (B, H, Q, L)
+    wq, wk = getattr(layer, QUERY_WEIGHTS).detach(), getattr(layer, KEY_WEIGHTS).detach()
+    for row in range(2):
+        real = [j for j in range(12) if base[row, 0, -1, j]]
+        for head in range(4):
+            kv = head // 2
+            heads = [head] if route_queries == "query" else [2 * kv, 2 * kv + 1]
+            for i in real:
+                def score(j, row=row, i=i, kv=kv, heads=heads):
+                    return sum(float((query[row, h, i] @ wq[h]) @ (key[row, kv, j] @ wk[kv])) for h in heads)
+
+                distant = [j for j in real[1:] if i - j >= WINDOW]
+                need = math.ceil(0.4 * len(distant))
+                chosen = sorted(distant, key=lambda j: -score(j))[:need]
+                free = [j for j in real if 0 <= i - j < WINDOW or j == real[0]]
+                expected = torch.zeros(12, dtype=torch.bool)
+                expected[free + chosen] = True
+                assert torch.equal(got[row, head, i], expected), (row, head, i)
+
+
+def test_top_scored_keeps_none_for_a_zero_need_and_every_distant_key_at_full_need():
+    scores = torch.randn(1, 1, 3, 6)
+    distant = torch.tensor([[[True, True, False, True, False, False]] * 3])[None]
+    need = torch.tensor([0, 3, 1]).view(1, 1, 3, 1)
+    kept = top_scored(scores, distant, need)
+    assert not kept[0, 0, 0].any() and torch.equal(kept[0, 0, 1], distant[0, 0, 1])
+    assert kept[0, 0, 2].sum() == 1 and kept[0, 0, 2, scores[0, 0, 2].masked_fill(~distant[0, 0, 2], -9).argmax()]
+
+
+def _loop_indexer_loss(layer, query, key, mask, sinks):
+    """The definition, one query (and query head) at a time: sum_i m_i KL(p_i || softmax(s_i)) / sum_i m_i."""
+    b, h, length, d = query.shape
+    k_heads = key.shape[1]
+    scores = indexer_scores(layer, query, key).detach()
+    numerator = denominator = 0.0
+    for row in range(b):
+        for head in range(h):
+            kv = head // (h // k_heads)
+            for i in range(length):
+                allowed = [j for j in range(i + 1) if mask is None or mask[row, 0, i, j]]
+                if not allowed:
+                    continue
+                logits = torch.stack([query[row, head, i] @ key[row, kv, j] / math.sqrt(d) for j in allowed])
+                weights = dict(zip(allowed, torch.softmax(logits, dim=0).tolist()))
+                distant = [j for j in allowed if i - j >= WINDOW and not (sinks is not None and sinks[row, j])]
+                mass = sum(weights[j] for j in distant)
+                if mass == 0:
+                    continue
+                log_q = torch.log_softmax(torch.stack([scores[row, head, i, j] for j in distant]), dim=0)
+                kl = sum(weights[j] / mass * (math.log(weights[j] / mass) - float(lq)) for j, lq in zip(distant, log_q))
+                numerator += mass * kl
+                denominator += mass
+    return numerator / denominator
+
+
+def test_the_loss_matches_the_per_query_definition_and_trains_only_the_indexer():
+    layer = Layer(rank=3)
+    query, key = case()
+    query.requires_grad_(True)
+    mask = padded_causal_mask(2, 12, [0, 2])
+    sinks = sink_keys(mask.any(dim=-2)[:, 0], 12, 1)
+    loss = indexer_loss(layer, query, key, mask, sinks, None, None)
+    assert loss.item() == pytest.approx(_loop_indexer_loss(layer, query, key, mask, sinks), rel=1e-4)
+    loss.backward()
+    assert query.grad is None  # the frozen model's activations are detached: only the indexer learns
+    assert getattr(layer, QUERY_WEIGHTS).grad.abs().sum() > 0 and getattr(layer, KEY_WEIGHTS).grad.abs().sum() > 0
+
+
+def test_a_full_rank_indexer_of_orthonormal_directions_scores_the_true_logits_and_loses_nothing():
+    query, key = case(d=8)
+    layer = Layer(rank=8)
+    basis = principal_directions(torch.einsum("bkld,bkle->kde", key, key), 8)  # (K, 8, 8), orthonormal columns
+    with torch.no_grad():
+        getattr(layer, KEY_WEIGHTS).copy_(basis)
+        getattr(layer, QUERY_WEIGHTS).copy_(basis.repeat_interleave(2, dim=0))
+    true = torch.einsum("bhqd,bhld->bhql", query, key.repeat_interleave(2, dim=1)) / math.sqrt(8)
+    torch.testing.assert_close(indexer_scores(layer, query, key), true, atol=1e-5, rtol=1e-5)
+    assert indexer_loss(layer, query, key, None, None, None, None).item() == pytest.approx(0.0, abs=1e-5)
+
+
+def test_principal_directions_are_the_keys_largest_first():
+    moment = torch.diag(torch.tensor([1.0, 5.0, 3.0, 0.5]))[None]
+    directions = principal_directions(moment, 2)[0]
+    assert torch.allclose(directions.abs(), torch.eye(4)[:, [1, 2]])
+
+
+def test_the_config_sets_the_indexers_objective_and_refuses_what_cannot_train_it():
+    assert FocusConfig(selector="indexer").objective == "attention_recall"
+    assert FocusConfig(selector="indexer").trained_mode == "hard"
+    with pytest.raises(ConfigError, match="attention_recall"):
+        FocusConfig(selector="indexer", objective="language_model")
+    with pytest.raises(ConfigError, match="route_queries"):
+        FocusConfig(selector="indexer", route_queries="key")
+    with pytest.raises(ConfigError, match="indexer_rank"):
+        FocusConfig(selector="indexer", indexer_rank=0)
+
+
+def _indexed_llama(rank=4, **changes):
+    model = tiny_llama()
+    data = torch.randint(0, 128, (8, 48), generator=torch.Generator().manual_seed(1))
+    apply_focus(model, FocusConfig(window=8, selector="indexer", indexer_rank=rank, budget=0.3, **changes),
+                calibration_ids=data)
+    return model, data
+
+
+def test_training_moves_only_the_indexer_lowers_its_loss_and_keeps_the_model_output(tmp_path):
+    model, data = _indexed_llama()
+    module = attention_modules(model)[0]
+    assert not module.focus_centroids.requires_grad and getattr(module, KEY_WEIGHTS).requires_grad
+    assert focus_parameters(model) == [p for p in model.parameters() if p.requires_grad]
+    with torch.enable_grad():
+        assert centroids_training(module)
+    set_focus_mode(model, "hard")
+    with torch.no_grad():
+        dense = remove_focus_copy_logits(model, data[:2])
+    before = [p.detach().clone() for p in focus_parameters(model)]
+    config = TrainConfig(steps=15, batch_size=4, lr=1e-2, log_every=1, checkpoint_every=0)
+    train_parameters(model, data, config, tmp_path, objective=focus_objective(model), progress=False)
+    lines = [json.loads(line) for line in (tmp_path / METRICS_NAME).read_text().splitlines()]
+    assert lines[-1]["train/recall_loss"] < lines[0]["train/recall_loss"]
+    assert all(not torch.equal(a, b) for a, b in zip(before, focus_parameters(model)))
+    with torch.enable_grad():  # the warm-up's forward pass is the model's own
+        torch.testing.assert_close(model(input_ids=data[:2]).logits, dense, atol=1e-5, rtol=1e-5)
+
+
+def remove_focus_copy_logits(model, ids):
+    from focus.retrofit import focus_disabled
+
+    with focus_disabled(model):
+        return model(input_ids=ids).logits
+
+
+def test_an_indexer_adapter_saves_and_loads_its_weights_and_refuses_one_without_them(tmp_path):
+    model, data = _indexed_llama(route_queries="kv_head")
+    with torch.no_grad():
+        for p in focus_parameters(model):
+            p.add_(torch.randn_like(p))
+        expected = model(input_ids=data[:2]).logits
+    save_focus(model, tmp_path / "adapter")
+    fresh = tiny_llama()
+    load_focus(fresh, tmp_path / "adapter")
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(input_ids=data[:2]).logits, expected)
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(tmp_path / "adapter" / WEIGHTS_NAME))
+    del tensors["layers.1.indexer_key"]
+    save_file(tensors, str(tmp_path / "adapter" / WEIGHTS_NAME))
+    with pytest.raises(AdapterError, match="layers.1.indexer_key"):
+        load_focus(tiny_llama(), tmp_path / "adapter")
+
+
+def test_the_screen_gives_the_full_rank_indexer_the_oracles_recall_and_bounds_the_others():
+    model, data = _indexed_llama(rank=8)  # tiny_llama: head size 8, so the principal directions span every key
+    budgets = [0.25, 0.5, 3, 1.0]
+    exact = routing_recall(model, data[:3], "indexer", budgets)
+    recent = routing_recall(model, data[:3], "streaming", budgets)
+    for shares in exact["overall"]:
+        assert shares["recall"] == pytest.approx(shares["oracle_recall"], rel=1e-5)
+    for shares in recent["overall"][:3]:
+        assert shares["recall"] < shares["oracle_recall"]
+    assert recent["overall"][-1]["recall"] == pytest.approx(1.0) and recent["overall"][-1]["kept"] == 1.0
+    assert exact["overall"][0]["kept"] == pytest.approx(0.25, abs=0.05)
+    assert len(exact["layers"]) == 2 and len(exact["heads"][0]) == 2
+    remove_focus(model)

@@ -1,0 +1,16 @@
+"""Rule recall_screen: the routers of the profile's `recall_screen` section, screened by the attention they keep."""
+
+from focus.pipeline.screens import recall_screen
+from focus.pipeline.start import start_job
+
+start_job(snakemake.log[0], snakemake.threads)
+recall_screen(
+    source=snakemake.params.source,
+    dtype=snakemake.params.dtype,
+    routers=snakemake.params.routers,
+    tokens=dict(zip(snakemake.params.domains, snakemake.input.tokens)),
+    train_tokens=snakemake.input.train_tokens,
+    **snakemake.params.settings,
+    stem=snakemake.output.csv.removesuffix(".csv"),
+    command=f"snakemake {snakemake.output.csv} --configfile <this profile>",
+)
