@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sys
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -50,8 +51,9 @@ class TrainArguments:
     calibration_rows: int = field(default=8, metadata={
         "help": "Rows whose keys k-means-initialise the centroids (not trained on)."})
     eval_rows: int = field(default=8, metadata={"help": "Validation rows scored during training."})
-    retrieval_share: float = field(default=0.25, metadata={
-        "help": "Share of the trained rows that are synthetic retrieval rows (focus.train.retrieval); 0: none."})
+    retrieval_share: float | None = field(default=None, metadata={
+        "help": "Share of the trained rows that are synthetic retrieval rows (focus.train.retrieval); 0: none; "
+                "default a quarter where the rows hold a fact beyond the window (else none, with a warning)."})
     retrieval_weight: float = field(default=5.0, metadata={"help": "Loss weight of a retrieval row's answer tokens."})
     broad: str | None = field(default=None, metadata={
         "help": "A broad corpus mixed into the trained rows (e.g. nonfiction): text the model must not forget, "
@@ -142,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__.strip())
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
+    # A warning is one line a user reads, not a source line of the library.
+    warnings.formatwarning = lambda message, category, *args, **kwargs: f"focus {command}: warning: {message}\n"
     try:
         return {"train": _train, "eval": _eval, "generate": _generate, "bench": _bench}[command](rest)
     except (OSError, ConfigError, AdapterError, KeyError, ValueError) as err:  # OSError: unwritable output, full disk

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -14,22 +15,66 @@ from typing import Callable
 _STALE_TEMP_SECONDS = 3600  # temp folders older than this were left by a killed writer
 
 
+class DiskFullError(OSError):
+    """A write ran out of space (or quota). The message is one line: the file, how much of it was written, where."""
+
+
 def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
     """Call `write(tmp)` on `<path>.tmp` beside `path`, flush it to disk, then rename it over `path`, creating the
-    parent folder if needed.
+    parent folder if needed. The file gets the mode a plain `open()` gives under the user's umask, whatever mode the
+    writer gave its temp file (safetensors' is private), so a folder a team shares stays readable to it.
 
     `path` is either the old file or the complete new one; a failed write removes the temp file.
+
+    Raises:
+        DiskFullError: the disk (or quota) filled up while writing: one line naming `path`; the old file is intact.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.tmp")
     try:
         write(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except Exception as err:
+        if _out_of_space(err):
+            written = tmp.stat().st_size if tmp.exists() else 0
+            free = shutil.disk_usage(path.parent).free
+            raise DiskFullError(errno.ENOSPC, f"no space left to write {path} ({_size(written)} of it written, "
+                                f"{_size(free)} free in {path.parent})") from None
+        raise
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _out_of_space(err: BaseException) -> bool:
+    """Whether `err` is a full disk or quota, as an OSError or as a writer's own error that carries the OS's text
+    (safetensors raises its own type)."""
+    if isinstance(err, DiskFullError):
+        return False  # already one line, from a nested write
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    return any(text in str(err) for text in ("No space left on device", "Disk quota exceeded"))
+
+
+def _size(count: int) -> str:
+    return f"{count / 2**20:.1f} MiB" if count >= 2**20 else f"{count:,} bytes"
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux says it (/proc), else by setting it back at once."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:
@@ -56,7 +101,15 @@ def write_folder_atomically(target: Path, write: Callable[[Path], None]) -> None
     tmp = target.parent / f".tmp-{target.name}-{uuid.uuid4().hex}"
     tmp.mkdir()
     try:
-        write(tmp)
+        try:
+            write(tmp)
+        except Exception as err:
+            if _out_of_space(err):
+                free = shutil.disk_usage(target.parent).free
+                raise DiskFullError(errno.ENOSPC, f"no space left to write {target} ({_size(_tree_size(tmp))} of it "
+                                    f"written, {_size(free)} free in {target.parent})") from None
+            raise
+        _follow_umask(tmp)
         if target.exists():
             # A rename cannot replace a non-empty folder: move the old one aside first, drop it after.
             old = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-old-", dir=target.parent))
@@ -70,6 +123,19 @@ def write_folder_atomically(target: Path, write: Callable[[Path], None]) -> None
             # Lost a race with a concurrent conversion: its folder is equally complete.
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _follow_umask(folder: Path) -> None:
+    """Give every file and folder under `folder` the mode plain `open()` and `mkdir` give under the umask (writers such
+    as safetensors make their files private)."""
+    mask = _umask()
+    for path in [folder, *folder.rglob("*")]:
+        if not path.is_symlink():
+            os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
+
+
+def _tree_size(folder: Path) -> int:
+    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
 
 
 def _remove_stale_temps(target: Path) -> None:

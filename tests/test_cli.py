@@ -146,3 +146,22 @@ def test_settings_are_parsed_as_colon_separated_integers():
     for bad in ("16:256", "16:256:x", "16:256:1:2"):
         with pytest.raises(ValueError, match="groups:window:top_k"):
             parse_settings([bad])
+
+
+def test_short_rows_train_without_the_default_retrieval_rows_with_one_warning_line(tmp_path):
+    """As a user runs it (a process of its own: pytest would catch the warning): one line, and an asked share of
+    retrieval rows the rows cannot hold still refuses."""
+    import subprocess
+    import sys
+
+    train = [sys.executable, "-m", "focus.cli", "train", "--model", "tiny:llama", "--seq_len", "64", "--window", "32",
+             "--calibration_rows", "2", "--eval_rows", "2", "--steps", "1", "--batch_size", "2", "--num_groups", "4",
+             "--checkpoint_every", "0"]
+    done = subprocess.run([*train, "--output", str(tmp_path / "run")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    warned = [line for line in done.stderr.splitlines() if "warning" in line]
+    assert warned == ["focus train: warning: training without retrieval rows: rows of 64 tokens have no room for a "
+                      "fact 32 tokens before its question (set retrieval_share to ask for them)"]
+    asked = subprocess.run([*train, "--output", str(tmp_path / "asked"), "--retrieval_share", "0.25"],
+                           capture_output=True, text=True)
+    assert asked.returncode == 2 and "no room for a fact 32 tokens" in asked.stderr.splitlines()[-1]

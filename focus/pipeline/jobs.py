@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,10 @@ def _load_for_training(source: str, dtype: str, world: int) -> tuple[torch.nn.Mo
     return load_model(source, _DTYPES[dtype], "cpu" if world > 1 else default_device())
 
 
+DEFAULT_RETRIEVAL_SHARE = 0.25
+"""A training job's share of synthetic retrieval rows when none is asked for and its rows hold them."""
+
+
 @dataclass(frozen=True)
 class TrainingJob:
     """What every training stage shares: the rows it trains on, how it trains, and where its records go.
@@ -71,12 +76,14 @@ class TrainingJob:
     calibration_rows: int = 8
     train_rows: int | None = None
     eval_rows: int = 0
-    retrieval_share: float = 0.25
+    retrieval_share: float | None = None  # None: DEFAULT_RETRIEVAL_SHARE where the rows hold a retrieval row
     retrieval_weight: float = 5.0
     broad_tokens: str | Path | None = None
     broad_share: float = 0.0
     progress: bool = True
     wandb: WandbTarget | None = None
+    # The share of retrieval rows `training_rows` made (the one asked for, or the default where the rows hold them).
+    _retrieval_used: float | None = field(default=None, init=False, repr=False, compare=False)
     # The W&B run `run` opens and `finish` closes ({"run": LiveTrainingRun} on the main process while it trains).
     _tracking: dict[str, LiveTrainingRun] = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -101,10 +108,11 @@ class TrainingJob:
         if not isinstance(self.train, TrainConfig):
             raise TypeError(f"TrainingJob.train must be a TrainConfig, got {type(self.train).__name__}")
         for name in ("retrieval_share", "broad_share"):
-            if not 0 <= getattr(self, name) < 1:
+            if getattr(self, name) is not None and not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
-        if self.retrieval_share + self.broad_share >= 1:
-            raise ValueError(f"retrieval_share {self.retrieval_share} + broad_share {self.broad_share} leave no room "
+        asked = DEFAULT_RETRIEVAL_SHARE if self.retrieval_share is None else self.retrieval_share
+        if asked + self.broad_share >= 1:
+            raise ValueError(f"retrieval_share {asked} + broad_share {self.broad_share} leave no room "
                              "for the domain's rows: their sum must be below 1")
         if self.broad_share and self.broad_tokens is None:
             raise ValueError(f"broad_share {self.broad_share} needs the broad corpus's tokens (broad_tokens)")
@@ -137,17 +145,17 @@ class TrainingJob:
         the broad rows learn from the teacher alone: its KL weighs them, the next-token loss does not; without,
         every row learns from the next-token loss.
         """
-        total = rows.shape[0] / (1 - self.retrieval_share - self.broad_share)
+        share = self._retrieval_share(tokenizer, window)
+        object.__setattr__(self, "_retrieval_used", share)  # what the summary records
+        total = rows.shape[0] / (1 - share - self.broad_share)
         parts, weights = [rows], [torch.ones(rows.shape)]
         broad = torch.zeros(0, rows.shape[1], dtype=rows.dtype)
         if self.broad_share:
             broad = self._broad_rows(round(total * self.broad_share)).to(rows.dtype)
             parts.append(broad)
             weights.append(torch.zeros(broad.shape) if teacher else torch.ones(broad.shape))
-        if self.retrieval_share:
-            if window is None:
-                raise ValueError("retrieval rows need the Focus window their answers lie beyond (or retrieval_share 0)")
-            count = max(1, round(total * self.retrieval_share))
+        if share:
+            count = max(1, round(total * share))
             extra, answer_weights = retrieval_rows(tokenizer, read_tokens(self.tokens, "train").long(), count,
                                                    self.seq_len, window, answer_weight=self.retrieval_weight)
             parts.append(extra.to(rows.dtype))
@@ -159,6 +167,24 @@ class TrainingJob:
             term_weights = {"distill": torch.zeros(ids.shape)}
             term_weights["distill"][start : start + broad.shape[0]] = 1.0
         return ids, None if bool((token_weights == 1).all()) else token_weights, term_weights
+
+    def _retrieval_share(self, tokenizer, window: int | None) -> float:
+        """The share of retrieval rows to train on: the one asked for, or by default DEFAULT_RETRIEVAL_SHARE where a
+        row of `seq_len` holds a fact beyond the `window` (else none, with a warning: short rows are no mistake)."""
+        if self.retrieval_share == 0:
+            return 0.0
+        if window is None:  # a baseline must be told the Focus run's window, so that both train on the same rows
+            raise ValueError("retrieval rows need the Focus window their answers lie beyond (or retrieval_share 0)")
+        if self.retrieval_share is not None:
+            return self.retrieval_share
+        try:
+            retrieval_rows(tokenizer, read_tokens(self.tokens, "train").long()[: 4 * self.seq_len], 1, self.seq_len,
+                           window)
+        except ValueError:
+            warnings.warn(f"training without retrieval rows: rows of {self.seq_len} tokens have no room for a fact "
+                          f"{window} tokens before its question (set retrieval_share to ask for them)", stacklevel=2)
+            return 0.0
+        return DEFAULT_RETRIEVAL_SHARE
 
     def _broad_rows(self, count: int) -> torch.Tensor:
         """`count` rows of `seq_len` tokens of the broad corpus's train split, spread evenly over it (every book)."""
@@ -207,6 +233,7 @@ class TrainingJob:
                                      progress=self.progress, on_log=on_log, token_weights=token_weights,
                                      term_weights=term_weights)
         seconds = time.perf_counter() - tic
+        used = self.retrieval_share if self._retrieval_used is None else self._retrieval_used
         if is_main_process():
             Path(self.metrics).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(self.run_dir / METRICS_NAME, self.metrics)
@@ -214,8 +241,7 @@ class TrainingJob:
             "final": final,
             "train_config": to_dict(config),
             "train_rows": rows.shape[0],  # retrieval rows included
-            "retrieval": {"share": self.retrieval_share, "weight": self.retrieval_weight} if self.retrieval_share
-                         else None,
+            "retrieval": {"share": used, "weight": self.retrieval_weight} if used else None,
             "broad": {"tokens": str(self.broad_tokens), "share": self.broad_share,
                       "teacher": term_weights is not None} if self.broad_share else None,
             "seq_len": rows.shape[1],
