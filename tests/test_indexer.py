@@ -219,3 +219,24 @@ def test_the_screen_gives_the_full_rank_indexer_the_oracles_recall_and_bounds_th
     assert exact["overall"][0]["kept"] == pytest.approx(0.25, abs=0.05)
     assert len(exact["layers"]) == 2 and len(exact["heads"][0]) == 2
     remove_focus(model)
+
+
+def test_a_long_calls_loss_is_the_mean_over_evenly_spaced_queries(monkeypatch):
+    import focus.attention.indexer as indexer
+
+    layer = Layer(rank=3)
+    query, key = case(length=40)
+    mask = padded_causal_mask(2, 40, [0, 5])
+    sinks = sink_keys(mask.any(dim=-2)[:, 0], 40, 1)
+    monkeypatch.setattr(indexer, "LOSS_QUERIES", 10)
+    torch.manual_seed(3)
+    rows = indexer.loss_queries(40)
+    assert len(rows) == 10 and torch.equal(rows.diff(), torch.full((9,), 4)) and 0 <= int(rows[0]) < 4
+    torch.manual_seed(3)
+    sampled = indexer_loss(layer, query, key, mask, sinks, None, None)
+    # The same queries, scored as one call of all queries whose other rows carry no distant mass.
+    kept = torch.zeros(40, dtype=torch.bool)
+    kept[rows] = True
+    only = mask & kept[None, None, :, None]
+    monkeypatch.setattr(indexer, "LOSS_QUERIES", 512)
+    assert sampled.item() == pytest.approx(indexer_loss(layer, query, key, only, sinks, None, None).item(), rel=1e-5)

@@ -65,7 +65,8 @@ def indexer_loss(
 ) -> torch.Tensor:
     """The indexer's loss on one attention call (scalar float32, differentiable in the indexer's weights only):
     sum_i m_i KL(p_i || softmax(s_i)) / sum_i m_i over the distant keys of every query (and query head), p_i its true
-    attention renormalised over them, m_i the attention mass it puts there.
+    attention renormalised over them, m_i the attention mass it puts there. A call of more than `LOSS_QUERIES`
+    queries is scored on that many of them (`loss_queries`).
 
     Args:
         query (B, H, Q, D), key (B, K, L, D) as the layer attends with them; base_mask (B, 1, Q, L) the pairs the model
@@ -74,14 +75,16 @@ def indexer_loss(
     config = module.focus_config
     heads, q_len, d = query.shape[1:]
     k_heads, k_len = key.shape[1], key.shape[2]
+    rows = loss_queries(q_len, query.device)
+    query = query[:, :, rows]
     with torch.no_grad():
         logits = torch.einsum("bkgqd,bkld->bkgql", query.float().unflatten(1, (k_heads, heads // k_heads)),
                               key.float()) * (d**-0.5 if scaling is None else scaling)
         if softcap is not None:
             logits = softcap * torch.tanh(logits / softcap)
-        allowed = model_allowed(base_mask, q_len, k_len, query.device)[:, :, None]  # (B or 1, 1, 1, Q, L)
+        allowed = model_allowed(base_mask, q_len, k_len, query.device)[:, :, rows][:, :, None]  # (B or 1, 1, 1, Q', L)
         weights = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1).nan_to_num(0.0)
-        distant = allowed & ~local_pairs(q_len, k_len, config.window, query.device)
+        distant = allowed & ~local_pairs(q_len, k_len, config.window, query.device)[rows]
         if sinks is not None:
             distant = distant & ~sinks[:, None, None, None, :]
         target = weights * distant  # (B, K, R, Q, L)
@@ -98,6 +101,21 @@ def indexer_loss(
     # KL(p || q) = sum_j p_j (log p_j - log q_j); pairs where p is 0 (not distant, or no weight) add nothing.
     kl = torch.where(p > 0, p * (p.clamp_min(1e-30).log() - log_q), torch.zeros_like(p)).sum(dim=-1)
     return (mass * kl).sum() / mass.sum().clamp_min(1e-30)
+
+
+LOSS_QUERIES = 512
+"""A longer call's loss is taken on this many of its queries, evenly spaced from a random offset: its cost grows with
+the queries times the keys, and a few hundred queries per row and layer say as much about the indexer's weights."""
+
+
+def loss_queries(q_len: int, device=None) -> torch.Tensor | slice:
+    """The queries a call's loss is taken on: all of up to `LOSS_QUERIES`, else every s-th from a random start (the
+    global torch generator: a seeded run draws the same), so each query is equally likely to be in it."""
+    if q_len <= LOSS_QUERIES:
+        return slice(None)
+    stride = -(-q_len // LOSS_QUERIES)
+    start = int(torch.randint(stride, ()))
+    return torch.arange(start, q_len, stride, device=device)
 
 
 def principal_directions(second_moment: torch.Tensor, rank: int) -> torch.Tensor:
