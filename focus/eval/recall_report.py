@@ -39,11 +39,33 @@ def plot_recall(frame: pd.DataFrame, figure: str | Path) -> None:
     save_figure(fig, figure)
 
 
+def plot_recall_layers(layers: pd.DataFrame, figure: str | Path, share: float = 0.3, keys: int = 2048) -> None:
+    """Where recall goes: per layer, each router's share of the oracle's mass at one budget (`share` of the distant
+    keys below 4K tokens, `keys` per query from 4K), one panel per corpus and length."""
+    plt = pyplot()
+    chosen = layers[(layers["budget"] == share) | (layers["budget"] == keys)]
+    panels = list(chosen.groupby(["corpus", "length"], sort=False))
+    if not panels:
+        return
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False, sharey=True)
+    for ax, ((corpus, length), part) in zip(axes[0], panels):
+        for router, curve in part.groupby("router", sort=False):
+            ax.plot(curve["layer"], curve["of_oracle"], marker="o", markersize=2, label=router)
+        budget = f"{keys} keys" if length >= 4096 else f"{share:.0%} of the distant keys"
+        ax.set_title(f"{corpus}, {length:,} tokens, {budget}", fontsize=9)
+        ax.set_xlabel("layer")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("recall / the oracle's")
+    axes[0][-1].legend(fontsize=7, loc="lower right")
+    save_figure(fig, figure)
+
+
 def write_recall_tables(found: list[dict], layers: list[dict], scored: list[dict], stem: str | Path, header: str,
                         command: str) -> None:
     """The screen's record: <stem>.csv (per router, corpus, length and budget), <stem>_layers.csv (per layer),
     <stem>.md (the table, the perplexities when measured, `header` and the provenance line naming `command`),
-    <stem>.provenance.json and the figure <stem>.png / .svg (`plot_recall`)."""
+    <stem>.provenance.json and the figures <stem>.png / .svg (`plot_recall`) and <stem>_layers.png / .svg
+    (`plot_recall_layers`)."""
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     frame = pd.DataFrame(found)
@@ -57,3 +79,4 @@ def write_recall_tables(found: list[dict], layers: list[dict], scored: list[dict
     write_text(stem.with_suffix(".md"), text)
     write_json(stem.with_suffix(".provenance.json"), {**provenance(), "command": command})
     plot_recall(frame, stem.with_suffix(".png"))
+    plot_recall_layers(pd.DataFrame(layers), stem.parent / f"{stem.name}_layers.png")

@@ -20,6 +20,9 @@ if RECALL:
             provenance=TABLES["recall_screen"].replace(".csv", ".provenance.json"),
             figure=report(FIGURES["recall_screen"], caption="../report/recall_screen.rst", category="Routers"),
             figure_svg=FIGURES["recall_screen"].replace(".png", ".svg"),
+            figure_layers=report(FIGURES["recall_screen"].replace(".png", "_layers.png"),
+                                 caption="../report/recall_screen.rst", category="Routers"),
+            figure_layers_svg=FIGURES["recall_screen"].replace(".png", "_layers.svg"),
         log:
             f"{R}/logs/recall_screen.log",
         params:
