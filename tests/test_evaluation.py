@@ -231,7 +231,8 @@ def test_a_peer_that_wins_refutes_the_router_only_with_no_more_pairs(tmp_path, s
               "streaming@0.5": {"books": 0.0, "wikitext2": 0.03}}  # better than the router on the books
     kept = {"focus-hard": 0.30, "quest@0.3": 0.30, "streaming@0.5": streaming_kept}
     peers = peers_frame(_perplexity_records(tmp_path, shifts, kept), "focus-hard")
-    row = judge_claims({"main_model": "m", "train_domain": "books", "peers": peers}).iloc[-1]
+    claim = "a learned router beats training-free selection at the same budget"
+    row = judge_claims({"main_model": "m", "train_domain": "books", "peers": peers}).set_index("claim").loc[claim]
     assert row["verdict"] == verdict
     assert ("streaming@0.5 wins with more pairs than focus-hard" in row["ours"]) == (verdict == UNTESTED)
 
@@ -363,3 +364,21 @@ def test_from_scratch_verdict_reads_the_scratch_summary(focus, full, verdict):
     scratch = {"setting": "s", "methods": {"focus": method(*focus), "full": method(*full)}}
     row = judge_claims({"main_model": "m", "train_domain": "b", "scratch": scratch}).iloc[3]
     assert row["claim"] == "trained from scratch, 7B on 2B tokens" and row["verdict"] == verdict
+
+
+@pytest.mark.parametrize(("wikitext2", "of_oracle", "verdict"), [(0.0, 0.97, HOLDS), (0.02, 0.97, FAILS),
+                                                                  (0.02, 0.90, UNTESTED)])
+def test_a_router_at_the_oracles_recall_must_be_no_worse(tmp_path, wikitext2, of_oracle, verdict):
+    from focus.report.tables import perplexity_frame
+
+    records = _perplexity_records(tmp_path, {"idx-hard": {"books": 0.0, "wikitext2": wikitext2}}, {})
+    screen = pd.DataFrame({"corpus": "wikitext2", "length": 512, "router": "idx", "budget_kind": "share",
+                           "spec": "adapter:results/r/train/m/idx/adapter", "budget": [0.1, 0.3, 0.5],
+                           "of_oracle": [0.9, of_oracle, 0.99]})
+    claim = "a router that reaches the oracle's recall is no worse at <= 30% of the distant pairs"
+    row = judge_claims({"main_model": "m", "train_domain": "books", "recall_screen": screen,
+                        "perplexity": perplexity_frame(records)}).set_index("claim").loc[claim]
+    assert row["verdict"] == verdict
+    if verdict != UNTESTED:
+        assert f"idx: {of_oracle:.1%} of the oracle's mass at 30% of the distant keys" in row["setting"]
+        assert ("worse beyond the noise: idx-hard on wikitext2" in row["ours"]) == (verdict == FAILS)
