@@ -26,6 +26,7 @@ from focus.eval.recall_report import write_recall_tables
 from focus.eval.router_screen import screen_routers
 from focus.models import PACKAGED_SMOLLM2, load_model
 from focus.pipeline.jobs import read_tokens
+from focus.provenance import git_commit
 
 
 def main() -> None:
@@ -48,6 +49,7 @@ def main() -> None:
     parser.add_argument("--tag", default="validation")
     args = parser.parse_args()
 
+    commit = git_commit()  # now: the checkout may move on while the screen runs
     torch.manual_seed(0)
     model, _ = load_model(PACKAGED_SMOLLM2, dtype=torch.float32)
     calibration = next((read_tokens(path, "train")[: 8 * 512].long().view(8, 512) for path in args.tokens
@@ -58,7 +60,7 @@ def main() -> None:
     screen_routers(model, dict(router.split("=", 1) for router in args.routers), corpora, args.lengths, rows,
                    args.shares, args.keys, args.window, calibration, last_queries=args.last_queries,
                    ppl_shares=args.ppl, ppl_rows=args.ppl_rows,
-                   report=lambda found, layers, scored: write(out, found, layers, scored, args))
+                   report=lambda found, layers, scored: write(out, found, layers, scored, args, commit))
     print(out.with_suffix(".md").read_text())
 
 
@@ -69,13 +71,13 @@ def _has_split(path: str, split: str) -> bool:
         return split in file.keys()  # noqa: SIM118 (a safetensors file, not a dict)
 
 
-def write(out: Path, found, layers, scored, args) -> None:
+def write(out: Path, found, layers, scored, args, commit: str) -> None:
     header = (f"SmolLM2-135M-Instruct, float32, {args.split} split, window {args.window}, sinks 1. Per router and "
               "budget: recall = distant attention mass kept / distant mass (beyond the window, sinks excluded), "
               "oracle_recall = the heaviest distant keys' mass at the same count per query, of_oracle = their ratio, "
               "kept = share of distant pairs. Budgets: shares of each query's distant keys below 4K, keys per query "
               f"from 4K (the last {args.last_queries} queries of each row).")
-    write_recall_tables(found, layers, scored, out, header, "python " + " ".join(sys.argv))
+    write_recall_tables(found, layers, scored, out, header, "python " + " ".join(sys.argv), commit)
 
 
 if __name__ == "__main__":

@@ -70,15 +70,16 @@ def provenance() -> dict:
     }
 
 
-def provenance_line(command: str) -> str:
-    """One Markdown line saying where a table came from: the commit, the machine, torch, the date and the command that
-    re-makes it (put at the top of a result a reader may meet without its folder)."""
+def provenance_line(command: str, commit: str | None = None) -> str:
+    """One Markdown line saying where a table came from: the commit (`commit`, taken when the run started: the checkout
+    may move on while it runs; default now), the machine, torch, the date and the command that re-makes it (put at the
+    top of a result a reader may meet without its folder)."""
     import datetime
 
     device = device_info()
     where = device.get("cuda_device", device["cpu"])
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
-    commit = git_commit()
+    commit = commit or git_commit()
     commit = commit[:12] + ("-dirty" if commit.endswith("-dirty") else "")
     return (f"*Made at commit {commit} on {where}, torch {torch.__version__}, {date}; re-make: "
             f"`{command}`.*")

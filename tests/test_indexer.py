@@ -240,3 +240,28 @@ def test_a_long_calls_loss_is_the_mean_over_evenly_spaced_queries(monkeypatch):
     only = mask & kept[None, None, :, None]
     monkeypatch.setattr(indexer, "LOSS_QUERIES", 512)
     assert sampled.item() == pytest.approx(indexer_loss(layer, query, key, only, sinks, None, None).item(), rel=1e-5)
+
+
+def test_the_screen_stage_writes_its_tables_figures_and_provenance(tmp_path):
+    from safetensors.torch import save_file
+
+    from focus.pipeline.screens import recall_screen
+
+    ids = torch.randint(3, 128, (4096,), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
+    tokens = tmp_path / "corpus.safetensors"
+    save_file({"train": ids, "validation": ids.flip(0)}, str(tokens))
+    stem = tmp_path / "tables" / "recall_screen"
+    recall_screen("tiny:llama", "float32", {"loki": "indexer:4:kv_head", "groups": "centroids"}, {"corpus": tokens},
+                  tokens, seq_len=32, calibration_rows=2, window=8, split="validation", lengths=[32, 48], rows=2,
+                  shares=[0.2, 0.5], keys=[8], last_queries=16, stem=stem, command="snakemake tables/recall_screen.csv")
+    import pandas as pd
+
+    frame = pd.read_csv(stem.with_suffix(".csv"))
+    assert sorted(set(zip(frame["router"], frame["length"]))) == [("groups", 32), ("groups", 48), ("loki", 32),
+                                                                   ("loki", 48)]
+    assert (frame["recall"] <= frame["oracle_recall"] + 1e-9).all()
+    first = stem.with_suffix(".md").read_text().splitlines()[0]
+    assert first.startswith("*Made at commit ") and "re-make: `snakemake tables/recall_screen.csv`" in first
+    for name in ("recall_screen.png", "recall_screen_layers.png", "recall_screen_layers.csv",
+                 "recall_screen.provenance.json"):
+        assert (stem.parent / name).stat().st_size > 0, name

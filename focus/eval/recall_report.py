@@ -40,19 +40,18 @@ def plot_recall(frame: pd.DataFrame, figure: str | Path) -> None:
 
 
 def plot_recall_layers(layers: pd.DataFrame, figure: str | Path, share: float = 0.3, keys: int = 2048) -> None:
-    """Where recall goes: per layer, each router's share of the oracle's mass at one budget (`share` of the distant
-    keys below 4K tokens, `keys` per query from 4K), one panel per corpus and length."""
+    """Where recall goes: per layer, each router's share of the oracle's mass at one budget (the screened one nearest
+    `share` of the distant keys below 4K tokens, nearest `keys` per query from 4K), one panel per corpus and length."""
     plt = pyplot()
-    chosen = layers[(layers["budget"] == share) | (layers["budget"] == keys)]
-    panels = list(chosen.groupby(["corpus", "length"], sort=False))
-    if not panels:
-        return
+    panels = list(layers.groupby(["corpus", "length"], sort=False))
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False, sharey=True)
     for ax, ((corpus, length), part) in zip(axes[0], panels):
-        for router, curve in part.groupby("router", sort=False):
+        target = keys if length >= 4096 else share
+        budget = min(part["budget"].unique(), key=lambda b: abs(float(b) - target))
+        for router, curve in part[part["budget"] == budget].groupby("router", sort=False):
             ax.plot(curve["layer"], curve["of_oracle"], marker="o", markersize=2, label=router)
-        budget = f"{keys} keys" if length >= 4096 else f"{share:.0%} of the distant keys"
-        ax.set_title(f"{corpus}, {length:,} tokens, {budget}", fontsize=9)
+        what = f"{budget:g} keys" if length >= 4096 else f"{float(budget):.0%} of the distant keys"
+        ax.set_title(f"{corpus}, {length:,} tokens, {what}", fontsize=9)
         ax.set_xlabel("layer")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("recall / the oracle's")
@@ -61,9 +60,10 @@ def plot_recall_layers(layers: pd.DataFrame, figure: str | Path, share: float = 
 
 
 def write_recall_tables(found: list[dict], layers: list[dict], scored: list[dict], stem: str | Path, header: str,
-                        command: str) -> None:
+                        command: str, commit: str | None = None) -> None:
     """The screen's record: <stem>.csv (per router, corpus, length and budget), <stem>_layers.csv (per layer),
-    <stem>.md (the table, the perplexities when measured, `header` and the provenance line naming `command`),
+    <stem>.md (the table, the perplexities when measured, `header` and the provenance line naming `command` and
+    `commit`, the one the run started at),
     <stem>.provenance.json and the figures <stem>.png / .svg (`plot_recall`) and <stem>_layers.png / .svg
     (`plot_recall_layers`)."""
     stem = Path(stem)
@@ -72,11 +72,12 @@ def write_recall_tables(found: list[dict], layers: list[dict], scored: list[dict
     write_text(stem.with_suffix(".csv"), frame.to_csv(index=False))
     write_text(stem.parent / f"{stem.name}_layers.csv", pd.DataFrame(layers).to_csv(index=False))
     columns = ["corpus", "length", "router", "budget", "recall", "oracle_recall", "of_oracle", "kept"]
-    text = f"{provenance_line(command)}\n\n{header}\n\n{markdown_table(frame[columns], '.3g')}\n"
+    text = f"{provenance_line(command, commit)}\n\n{header}\n\n{markdown_table(frame[columns], '.3g')}\n"
     if scored:
         text += ("\nPerplexity at a share of each query's distant keys, the ratio to pretrained with its paired 95% "
                  f"interval over the rows:\n\n{markdown_table(pd.DataFrame(scored), '.4g')}\n")
     write_text(stem.with_suffix(".md"), text)
-    write_json(stem.with_suffix(".provenance.json"), {**provenance(), "command": command})
+    write_json(stem.with_suffix(".provenance.json"), {**provenance(), **({"git_commit": commit} if commit else {}),
+                                                      "command": command})
     plot_recall(frame, stem.with_suffix(".png"))
     plot_recall_layers(pd.DataFrame(layers), stem.parent / f"{stem.name}_layers.png")

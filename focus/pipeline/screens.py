@@ -12,6 +12,7 @@ from focus.eval.recall_report import write_recall_tables
 from focus.eval.router_screen import screen_routers
 from focus.models import inference_device, load_model
 from focus.pipeline.jobs import _DTYPES, read_tokens
+from focus.provenance import git_commit
 
 
 def recall_screen(
@@ -36,6 +37,7 @@ def recall_screen(
     corpus in `tokens` ({corpus: prepare_tokens file}), calibrated on the first `calibration_rows` rows of
     `seq_len` of `train_tokens`' train split (what a training job starts from); writes `stem`.csv / .md /
     _layers.csv / .png (`focus.report.recall.write_recall_tables`) once every corpus and length is measured."""
+    commit = git_commit()  # the checkout may move on while the screen runs
     torch.manual_seed(0)
     model, _ = load_model(source, _DTYPES[dtype], inference_device())
     calibration = chunk_tokens(read_tokens(train_tokens, "train"), seq_len)[:calibration_rows]
@@ -47,4 +49,4 @@ def recall_screen(
               "heaviest distant keys' mass at the same count per query, of_oracle = their ratio, kept = the share of "
               f"distant pairs. Budgets: shares of each query's distant keys below 4K tokens, keys per query from 4K "
               f"(the last {last_queries} queries of each row); {rows} rows per corpus and length.")
-    write_recall_tables(found, layers, [], stem, header, command)
+    write_recall_tables(found, layers, [], stem, header, command, commit)
