@@ -45,6 +45,7 @@ def main() -> None:
     parser.add_argument("--ppl", type=float, nargs="*", default=[],
                         help="also perplexity at these shares (selecting routers and the oracle), below 4K")
     parser.add_argument("--ppl-rows", type=int, default=32)
+    parser.add_argument("--no-ppl-oracle", action="store_true", help="not the oracle's perplexity (a test split)")
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--tag", default="validation")
     args = parser.parse_args()
@@ -59,7 +60,7 @@ def main() -> None:
     out = Path(args.out) / f"recall_screen_{args.tag}"
     screen_routers(model, dict(router.split("=", 1) for router in args.routers), corpora, args.lengths, rows,
                    args.shares, args.keys, args.window, calibration, last_queries=args.last_queries,
-                   ppl_shares=args.ppl, ppl_rows=args.ppl_rows,
+                   ppl_shares=args.ppl, ppl_rows=args.ppl_rows, ppl_oracle=not args.no_ppl_oracle,
                    report=lambda found, layers, scored: write(out, found, layers, scored, args, commit))
     print(out.with_suffix(".md").read_text())
 

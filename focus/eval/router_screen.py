@@ -69,6 +69,7 @@ def screen_routers(
     last_queries: int = 1024,
     ppl_shares: Sequence[float] = (),
     ppl_rows: int = 32,
+    ppl_oracle: bool = True,
     report: Callable[[list, list, list], None] | None = None,
 ) -> tuple[list[dict], list[dict], list[dict]]:
     """Screen `routers` ({name: spec}) on `corpora` ({name: (T,) token ids of the split to screen on}).
@@ -76,7 +77,8 @@ def screen_routers(
     Args:
         rows: rows per length (one count for all, or {length: count}); ppl_rows: rows scored for perplexity.
         keys: budgets in keys per query, from `long_from` tokens (then the last `last_queries` queries of each row
-            are measured); below it, `shares`. ppl_shares: perplexity at these shares, below `long_from` only.
+            are measured); below it, `shares`. ppl_shares: perplexity at these shares, below `long_from` only, of the
+            oracle too where `ppl_oracle`.
         report: called with the three lists after every corpus and length (write them as they come).
     Returns:
         (recall, per-layer recall, perplexity) rows: corpus, length, router, budget and the shares of
@@ -106,7 +108,7 @@ def screen_routers(
                         scored += _perplexities(model, where, ppl_block, ppl_shares, pretrained)
                 finally:
                     remove_focus(model)
-            if ppl_block is not None:
+            if ppl_block is not None and ppl_oracle:
                 apply_focus(model, FocusConfig(window=window), calibration_ids=calibration)
                 try:
                     pretrained = pretrained if pretrained is not None else _pretrained(model, ppl_block)
