@@ -144,7 +144,9 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__.strip())
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
-    # A warning is one line a user reads, not a source line of the library.
+    # A warning is one line a user reads, not a source line of the library (restored: main may run in a process
+    # that goes on, as the tests' does).
+    formatwarning = warnings.formatwarning
     warnings.formatwarning = lambda message, category, *args, **kwargs: f"focus {command}: warning: {message}\n"
     try:
         return {"train": _train, "eval": _eval, "generate": _generate, "bench": _bench}[command](rest)
@@ -153,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         message = text.splitlines()[0] if text else type(err).__name__
         print(f"focus {command}: error: {message}", file=sys.stderr)
         return 2
+    finally:
+        warnings.formatwarning = formatwarning
 
 
 def _parse(command: str, classes: tuple, argv: list[str]) -> tuple:
