@@ -112,6 +112,10 @@ def apply_focus(
             f"unsupported architecture {type(model).__name__}: its attention does not go through "
             "transformers' AttentionInterface"
         )
+    heads = model.config.get_text_config().num_attention_heads
+    if config.selector == "indexer" and config.indexer_rank > head_shape(model)[1]:  # before the model is touched
+        raise ValueError(f"FocusConfig.indexer_rank {config.indexer_rank} exceeds the head size {head_shape(model)[1]} "
+                         f"of {type(model).__name__}")
     _register_interfaces()
     model._focus_original = {
         "attn_implementation": model.config._attn_implementation,
@@ -122,10 +126,6 @@ def apply_focus(
     if output_embeddings is not None:
         model._focus_original["output_hook"] = output_embeddings.register_forward_pre_hook(_contiguous_input)
     kv_heads, head_dim = head_shape(model)
-    heads = model.config.get_text_config().num_attention_heads
-    if config.selector == "indexer" and config.indexer_rank > head_dim:
-        raise ValueError(f"FocusConfig.indexer_rank {config.indexer_rank} exceeds the head size {head_dim} of "
-                         f"{type(model).__name__}")
     for name in config.dense_heads:
         layer, head = dense_head_address(name)
         if layer >= len(modules) or head >= kv_heads:

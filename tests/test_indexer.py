@@ -265,3 +265,12 @@ def test_the_screen_stage_writes_its_tables_figures_and_provenance(tmp_path):
     for name in ("recall_screen.png", "recall_screen_layers.png", "recall_screen_layers.csv",
                  "recall_screen.provenance.json"):
         assert (stem.parent / name).stat().st_size > 0, name
+
+
+def test_a_rank_above_the_head_size_is_refused_before_the_model_is_touched():
+    model = tiny_llama()  # head size 8
+    with pytest.raises(ValueError, match="indexer_rank 9 exceeds the head size 8"):
+        apply_focus(model, FocusConfig(window=8, selector="indexer", indexer_rank=9))
+    from focus.retrofit import has_focus
+
+    assert not has_focus(model) and all(p.requires_grad for p in model.parameters())
