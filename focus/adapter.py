@@ -1,8 +1,9 @@
 """Focus adapters on disk: a JSON config plus a safetensors file of only the centroids.
 
     <dir>/focus_config.json          sorted keys: FocusConfig, base model id, shapes, version, git commit
-    <dir>/focus_centroids.safetensors   layers.<i>.centroids (sets, G, D), layers.<i>.group_bias (sets, G), and for
-                                     selector="indexer" layers.<i>.indexer_query (H, D, r), layers.<i>.indexer_key (K, D, r)
+    <dir>/focus_centroids.safetensors   layers.<i>.centroids (sets, G, D), layers.<i>.group_bias (sets, G), and
+                                     for selector="indexer" layers.<i>.indexer_query (H, D, r) and
+                                     layers.<i>.indexer_key (K, D, r)
     <dir>/README.md                  the model card, when written (`focus.hub.write_model_card`)
 
 An adapter is read from a folder or from a hub repo id (`resolve_adapter`, through huggingface_hub's cache).
@@ -53,7 +54,8 @@ def save_focus(model: PreTrainedModel, directory: str | Path, base_model: str | 
         tensors[f"layers.{i}.group_bias"] = full_state(module.focus_group_bias.detach()).float().cpu().contiguous()
         for name, attribute in _INDEXER.items():
             if hasattr(module, attribute):
-                tensors[f"layers.{i}.{name}"] = full_state(getattr(module, attribute).detach()).float().cpu().contiguous()
+                weights = full_state(getattr(module, attribute).detach())
+                tensors[f"layers.{i}.{name}"] = weights.float().cpu().contiguous()
     if is_main_process():
         config = focus_config(model)
         record = {
@@ -175,8 +177,9 @@ def load_focus(
             f"centroids (base {record['base_model']}), but this model needs {layers} layers of {tuple(expected)}"
         )
     heads = model.config.get_text_config().num_attention_heads
-    indexer = {} if config.selector != "indexer" else {
-        "indexer_query": (heads, head_dim, config.indexer_rank), "indexer_key": (kv_heads, head_dim, config.indexer_rank)}
+    rank = config.indexer_rank
+    indexer = {} if config.selector != "indexer" else {"indexer_query": (heads, head_dim, rank),
+                                                       "indexer_key": (kv_heads, head_dim, rank)}
     tensors = _read_tensors(directory, layers, tuple(expected), indexer)
     if not has_focus(model):
         apply_focus(model, config, init_centroids=False)

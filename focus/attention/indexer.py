@@ -45,8 +45,8 @@ def indexer_scores(module: nn.Module, query: torch.Tensor, key: torch.Tensor) ->
 
 
 def top_scored(scores: torch.Tensor, distant: torch.Tensor, need: torch.Tensor) -> torch.Tensor:
-    """(.., Q, L) bool: of each query's `distant` keys (broadcast to `scores` (.., Q, L)), the `need` (.., Q, 1) with the
-    highest scores (ties at the threshold all kept, which floats make rare)."""
+    """(.., Q, L) bool: of each query's `distant` keys (broadcast to `scores` (.., Q, L)), the `need` (.., Q, 1) with
+    the highest scores (ties at the threshold all kept, which floats make rare)."""
     distant = distant.expand_as(scores)
     ranked = scores.masked_fill(~distant, float("-inf")).sort(dim=-1, descending=True).values
     need = need.expand(*scores.shape[:-1], 1)
