@@ -50,7 +50,7 @@ def build_router(model: PreTrainedModel, spec: str, window: int, calibration: to
             raise ValueError(f"router spec {spec!r}: indexer:RANK[:kv_head] needs a rank, e.g. indexer:16")
         config = FocusConfig(selector="indexer", window=window, indexer_rank=int(rank), route_queries=route or "query")
     else:
-        config = FocusConfig(window=window, mode="hard", selector=kind if kind != "centroids" else "centroids")
+        config = FocusConfig(window=window, mode="hard", selector=kind)  # centroids: Focus's groups; or a peer
     apply_focus(model, config, calibration_ids=calibration)
     return kind
 
@@ -103,7 +103,7 @@ def screen_routers(
                                       "budget_kind": "keys" if long else "share", **shares_at})
                     for layer, per_budget in enumerate(result["layers"]):
                         layers += [{**where, "layer": layer, "budget": b, **s} for b, s in zip(budgets, per_budget)]
-                    if ppl_block is not None and kind not in ("centroids",):
+                    if ppl_block is not None and kind != "centroids":  # the groups keep their top-k, no budget
                         pretrained = pretrained if pretrained is not None else _pretrained(model, ppl_block)
                         scored += _perplexities(model, where, ppl_block, ppl_shares, pretrained)
                 finally:
