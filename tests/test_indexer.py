@@ -168,7 +168,7 @@ def test_training_moves_only_the_indexer_lowers_its_loss_and_keeps_the_model_out
         assert centroids_training(module)
     set_focus_mode(model, "hard")
     with torch.no_grad():
-        dense = remove_focus_copy_logits(model, data[:2])
+        dense = _dense_logits(model, data[:2])
     before = [p.detach().clone() for p in focus_parameters(model)]
     config = TrainConfig(steps=15, batch_size=4, lr=1e-2, log_every=1, checkpoint_every=0)
     train_parameters(model, data, config, tmp_path, objective=focus_objective(model), progress=False)
@@ -179,7 +179,7 @@ def test_training_moves_only_the_indexer_lowers_its_loss_and_keeps_the_model_out
         torch.testing.assert_close(model(input_ids=data[:2]).logits, dense, atol=1e-5, rtol=1e-5)
 
 
-def remove_focus_copy_logits(model, ids):
+def _dense_logits(model, ids):
     from focus.retrofit import focus_disabled
 
     with focus_disabled(model):

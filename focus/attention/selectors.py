@@ -86,21 +86,38 @@ def quest_keys(
 ) -> torch.Tensor:
     """(B, H, Q, L) the distant keys of each query head's best pages of `QUEST_PAGE` keys, best first by Quest's
     bound until `need` distant keys are kept. Padding keys count in no page's minimum or maximum."""
-    b, heads, q_len, d = query.shape
-    k_heads, k_len = key.shape[1], key.shape[2]
+    k_len = key.shape[2]
+    pages = -(-k_len // QUEST_PAGE)
+    pad = pages * QUEST_PAGE - k_len
+    bound = quest_bound(query, *page_extremes(key, valid))  # (B, H, Q, P)
+    counts = F.pad(distant, (0, pad)).view(*distant.shape[:-1], pages, QUEST_PAGE).sum(dim=-1)  # (B or 1, 1, Q, P)
+    keep = best_units_until(bound, counts, need)  # (B, H, Q, P)
+    return keep.repeat_interleave(QUEST_PAGE, dim=-1)[..., :k_len] & distant
+
+
+def page_extremes(key: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(low, high) (B, K, P, D): each page of `QUEST_PAGE` keys' minimum and maximum per channel, float32 (the last
+    page padded); padding keys (`valid` (B, L) False) count in neither."""
+    b, k_heads, k_len, d = key.shape
     pages = -(-k_len // QUEST_PAGE)
     pad = pages * QUEST_PAGE - k_len
     paged = F.pad(key.float(), (0, 0, 0, pad)).view(b, k_heads, pages, QUEST_PAGE, d)
     real = torch.ones(b, k_len, dtype=torch.bool, device=key.device) if valid is None else valid
     real = F.pad(real, (0, pad)).view(b, 1, pages, QUEST_PAGE, 1)
-    high = paged.masked_fill(~real, float("-inf")).amax(dim=3).nan_to_num(0.0, neginf=0.0)  # (B, K, P, D)
+    high = paged.masked_fill(~real, float("-inf")).amax(dim=3).nan_to_num(0.0, neginf=0.0)
     low = paged.masked_fill(~real, float("inf")).amin(dim=3).nan_to_num(0.0, posinf=0.0)
+    return low, high
+
+
+def quest_bound(query: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+    """(B, H, Q, P) Quest's bound sum_d max(q_d low_d, q_d high_d) of every query head's logits on every page, from
+    `page_extremes` (B, K, P, D); query (B, H, Q, D)."""
+    b, heads, q_len, d = query.shape
+    k_heads = low.shape[1]
     q = query.float().view(b, k_heads, heads // k_heads, q_len, d)
     # max(q_d lo_d, q_d hi_d) = relu(q_d) hi_d - relu(-q_d) lo_d: two products instead of a (Q, P, D) maximum.
     bound = q.clamp_min(0) @ high[:, :, None].transpose(-1, -2) + q.clamp_max(0) @ low[:, :, None].transpose(-1, -2)
-    counts = F.pad(distant, (0, pad)).view(*distant.shape[:-1], pages, QUEST_PAGE).sum(dim=-1)  # (B or 1, 1, Q, P)
-    keep = best_units_until(bound.flatten(1, 2), counts, need)  # (B, H, Q, P)
-    return keep.repeat_interleave(QUEST_PAGE, dim=-1)[..., :k_len] & distant
+    return bound.flatten(1, 2)
 
 
 def cluster_keys(

@@ -143,5 +143,6 @@ def row_losses(model: torch.nn.Module, rows: torch.Tensor, batch_size: int = 4) 
     for chunk in rows.split(batch_size):
         chunk = chunk.to(input_device(model))
         logits = model(input_ids=chunk, use_cache=False).logits[:, :-1].float()
-        losses.append(F.cross_entropy(logits.transpose(1, 2), chunk[:, 1:], reduction="none").mean(dim=1).double().cpu())
+        per_token = F.cross_entropy(logits.transpose(1, 2), chunk[:, 1:], reduction="none")
+        losses.append(per_token.mean(dim=1).double().cpu())
     return torch.cat(losses)

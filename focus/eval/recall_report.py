@@ -18,9 +18,7 @@ from focus.provenance import provenance, provenance_line
 
 def plot_recall(frame: pd.DataFrame, figure: str | Path) -> None:
     """`frame`: rows of corpus, length, router, kept, recall, oracle_recall (the screen's table)."""
-    plt = pyplot()
-    panels = list(frame.groupby(["corpus", "length"], sort=False))
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), squeeze=False)
+    fig, axes, panels = _panels(frame, height=3.8)
     for ax, ((corpus, length), part) in zip(axes[0], panels):
         first = part["router"].iloc[0]
         oracle = part[part["router"] == first].sort_values("kept")
@@ -33,18 +31,13 @@ def plot_recall(frame: pd.DataFrame, figure: str | Path) -> None:
         ax.set_ylim(0, 1.0)
         ax.set_title(f"{corpus}, {length:,} tokens", fontsize=10)
         ax.set_xlabel("share of distant pairs kept")
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("share of distant attention mass kept")
-    axes[0][-1].legend(fontsize=7, loc="lower right")
-    save_figure(fig, figure)
+    _finish(fig, axes, "share of distant attention mass kept", figure)
 
 
 def plot_recall_layers(layers: pd.DataFrame, figure: str | Path, share: float = 0.3, keys: int = 2048) -> None:
     """Where recall goes: per layer, each router's share of the oracle's mass at one budget (the screened one nearest
     `share` of the distant keys below 4K tokens, nearest `keys` per query from 4K), one panel per corpus and length."""
-    plt = pyplot()
-    panels = list(layers.groupby(["corpus", "length"], sort=False))
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False, sharey=True)
+    fig, axes, panels = _panels(layers, height=3.4, sharey=True)
     for ax, ((corpus, length), part) in zip(axes[0], panels):
         target = keys if length >= 4096 else share
         budget = min(part["budget"].unique(), key=lambda b: abs(float(b) - target))
@@ -53,8 +46,20 @@ def plot_recall_layers(layers: pd.DataFrame, figure: str | Path, share: float = 
         what = f"{budget:g} keys" if length >= 4096 else f"{float(budget):.0%} of the distant keys"
         ax.set_title(f"{corpus}, {length:,} tokens, {what}", fontsize=9)
         ax.set_xlabel("layer")
+    _finish(fig, axes, "recall / the oracle's", figure)
+
+
+def _panels(frame: pd.DataFrame, height: float, **options):
+    """(figure, axes, [((corpus, length), rows)]): one panel per corpus and length, side by side."""
+    panels = list(frame.groupby(["corpus", "length"], sort=False))
+    fig, axes = pyplot().subplots(1, len(panels), figsize=(4.2 * len(panels), height), squeeze=False, **options)
+    return fig, axes, panels
+
+
+def _finish(fig, axes, ylabel: str, figure: str | Path) -> None:
+    for ax in axes[0]:
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("recall / the oracle's")
+    axes[0][0].set_ylabel(ylabel)
     axes[0][-1].legend(fontsize=7, loc="lower right")
     save_figure(fig, figure)
 

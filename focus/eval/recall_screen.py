@@ -1,12 +1,13 @@
 """Recall as the screen: how much of full attention's distant mass a router keeps at a budget, beside the oracle.
 
 A router that keeps the distant keys full attention weighs loses nothing by dropping the rest: the oracle that keeps
-each query's heaviest distant keys is within 0.1% of the dense model on WikiText-2 at 10-30% of the pairs (docs/study.md).
-So a router is screened, before any long training or scoring, by the mass it keeps. `routing_recall` runs the model with
-its own, unmodified attention and, in every layer and query row, ranks the distant keys (beyond the window, sinks and
-the model's own masking excluded) by the router's score, and sums the true attention weights of the best n of them for
-n at each budget; the oracle ranks them by those weights themselves. Per budget, layer and key/value head it reports
-the distant mass kept (recall), the oracle's at the same count (its ceiling) and the share of the distant pairs kept.
+each query's heaviest distant keys is within 0.1% of the dense model on WikiText-2 at 10-30% of the pairs
+(docs/study.md). So a router is screened, before any long training or scoring, by the mass it keeps.
+`routing_recall` runs the model with its own, unmodified attention and, in every layer and query row, ranks the
+distant keys (beyond the window, sinks and the model's own masking excluded) by the router's score, and sums the true
+attention weights of the best n of them for n at each budget; the oracle ranks them by those weights themselves. Per
+budget, layer and key/value head it reports the distant mass kept (recall), the oracle's at the same count (its
+ceiling) and the share of the distant pairs kept.
 
 The routers' scores of key j for query i (`ROUTERS`):
 - "indexer": the layer's per-key indexer (`focus.attention.indexer`; untrained, the keys' principal directions: Loki);
@@ -19,18 +20,16 @@ A unit router (groups, pages) is read at exactly the budget, the last unit cut, 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 
 from focus.attention.indexer import indexer_scores
 from focus.attention.reference import local_pairs, model_allowed, unmodified_attention
 from focus.attention.routing import key_positions, route_call, routing_vectors, sink_keys, top_k_groups
-from focus.attention.selectors import QUEST_PAGE
+from focus.attention.selectors import QUEST_PAGE, page_extremes, quest_bound
 from focus.eval.diagnostics import _attending
 from focus.models import input_device
 from focus.retrofit import attention_modules, has_focus
@@ -135,8 +134,8 @@ def _screen_attention(module: nn.Module, query, key, value, attention_mask, scal
             some = need > 0
             kept = by_router.gather(-1, at) * some
             oracle = by_weight.gather(-1, at) * some
-            parts = [kept, oracle, on_distant.sum(dim=-1, keepdim=True), need.to(weights.dtype), count.to(weights.dtype),
-                     weights.sum(dim=-1, keepdim=True)]
+            parts = [kept, oracle, on_distant.sum(dim=-1, keepdim=True), need.to(weights.dtype),
+                     count.to(weights.dtype), weights.sum(dim=-1, keepdim=True)]
             tally[:, i] += torch.stack([_per_kv_head(p, k_heads) for p in parts], dim=-1)
     state["tally"] = state["tally"] + tally
     out = unmodified_attention(query, key, value, base_mask, scaling, dropout, softcap)
@@ -180,20 +179,7 @@ def _scorer(module: nn.Module, router: str, query, key, value, base_mask, positi
 
 
 def _quest_scorer(query, key, valid):
-    """Quest's bound of each key's page of `QUEST_PAGE` keys, per query head (`focus.attention.selectors.quest_keys`)."""
-    b, heads, _, d = query.shape
-    k_heads, k_len = key.shape[1], key.shape[2]
-    pages = math.ceil(k_len / QUEST_PAGE)
-    pad = pages * QUEST_PAGE - k_len
-    paged = F.pad(key.float(), (0, 0, 0, pad)).view(b, k_heads, pages, QUEST_PAGE, d)
-    real = torch.ones(b, k_len, dtype=torch.bool, device=key.device) if valid is None else valid
-    real = F.pad(real, (0, pad)).view(b, 1, pages, QUEST_PAGE, 1)
-    high = paged.masked_fill(~real, float("-inf")).amax(dim=3).nan_to_num(0.0, neginf=0.0)  # (B, K, P, D)
-    low = paged.masked_fill(~real, float("inf")).amin(dim=3).nan_to_num(0.0, posinf=0.0)
-
-    def quest(rows):
-        q = query[:, :, rows].float().unflatten(1, (k_heads, heads // k_heads))  # (B, K, R, c, D)
-        bound = (q.clamp_min(0) @ high[:, :, None].transpose(-1, -2)
-                 + q.clamp_max(0) @ low[:, :, None].transpose(-1, -2))  # (B, K, R, c, P)
-        return bound.flatten(1, 2).repeat_interleave(QUEST_PAGE, dim=-1)[..., :k_len]
-    return quest
+    """Quest's bound of each key's page, per query head (`focus.attention.selectors.quest_bound`)."""
+    k_len = key.shape[2]
+    extremes = page_extremes(key, valid)  # once per call: the pages do not depend on the queries
+    return lambda rows: quest_bound(query[:, :, rows], *extremes).repeat_interleave(QUEST_PAGE, dim=-1)[..., :k_len]
