@@ -433,8 +433,7 @@ def key_positions(position_ids: torch.Tensor | None, k_len: int, device: torch.d
 def centroids_training(module: nn.Module) -> bool:
     """Whether this call trains the layer's router (grad enabled and its parameters require it): its centroids, or
     its indexer's weights under `selector="indexer"`."""
-    # Every attention call asks (decoding steps too): the config says which, no failed attribute lookup.
-    indexed = module.focus_config.selector == "indexer"  # its weights: focus.attention.indexer.KEY_WEIGHTS
+    indexed = module.focus_config.selector == "indexer"  # asked every call: no failing attribute lookup
     router = module.focus_indexer_key if indexed else module.focus_centroids
     return torch.is_grad_enabled() and router.requires_grad
 
