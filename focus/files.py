@@ -9,14 +9,18 @@ import shutil
 import tempfile
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 _STALE_TEMP_SECONDS = 3600  # temp folders older than this were left by a killed writer
 
 
 class DiskFullError(OSError):
     """A write ran out of space (or quota). The message is one line: the file, how much of it was written, where."""
+
+    def __str__(self) -> str:
+        return self.strerror  # without OSError's "[Errno 28] " before the line
 
 
 def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
@@ -49,14 +53,33 @@ def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
         tmp.unlink(missing_ok=True)
 
 
+@contextmanager
+def naming_a_full_disk(path: Path) -> Iterator[None]:
+    """Turn a full disk inside the block (appends to `path`, such as a metrics log) into one `DiskFullError` line
+    naming `path`."""
+    try:
+        yield
+    except OSError as err:
+        if not _out_of_space(err):
+            raise
+        path = Path(path)
+        free = shutil.disk_usage(path.parent).free
+        raise DiskFullError(errno.ENOSPC, f"no space left to write {path} ({_size(free)} free in {path.parent})") \
+            from None
+
+
 def _out_of_space(err: BaseException) -> bool:
-    """Whether `err` is a full disk or quota, as an OSError or as a writer's own error that carries the OS's text
-    (safetensors raises its own type)."""
+    """Whether `err` is a full disk or quota: an OSError, a writer's own error that carries the OS's text (safetensors
+    raises its own type) or one raised while handling such an OSError."""
     if isinstance(err, DiskFullError):
         return False  # already one line, from a nested write
-    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
-        return True
-    return any(text in str(err) for text in ("No space left on device", "Disk quota exceeded"))
+    while err is not None:  # torch.save's error on a Python file is raised while handling the OSError
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(text in str(err) for text in ("No space left on device", "Disk quota exceeded")):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
 
 
 def _size(count: int) -> str:

@@ -1,6 +1,7 @@
 """Shared pytest fixtures."""
 
 import importlib.util
+import os
 
 import pytest
 import torch
@@ -28,8 +29,12 @@ def mini_run(tmp_path_factory):
 
     workdir = tmp_path_factory.mktemp("mini")
     config = write_config(workdir, MINI)
-    snakemake(workdir, "--configfile", str(config))
-    snakemake(workdir, "--configfile", str(config), "--report", str(workdir / "report.html"))
+    previous = os.umask(0o002)  # a lab's group-shared folder: test_pipeline_run checks every file follows it
+    try:
+        snakemake(workdir, "--configfile", str(config))
+        snakemake(workdir, "--configfile", str(config), "--report", str(workdir / "report.html"))
+    finally:
+        os.umask(previous)
     return workdir, workdir / "results" / "mini"
 
 

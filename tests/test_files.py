@@ -83,7 +83,7 @@ def small_disk(tmp_path):
     if not mounted:
         pytest.skip("cannot mount a small tmpfs here (needs root)")
     yield where
-    subprocess.run(["umount", str(where)], check=False)
+    subprocess.run(["umount", "-l", str(where)], check=False)  # lazily: a file still open must not leave it mounted
 
 
 def test_a_real_full_disk_is_one_line_and_the_earlier_file_survives(small_disk):
@@ -103,7 +103,8 @@ def test_short_rows_train_without_the_default_retrieval_rows_but_refuse_an_asked
 
     tokens = tmp_path / "tokens.safetensors"
     save({"train": torch.randint(3, 500, (40 * 64,), dtype=torch.int32)}, str(tokens))
-    settings = dict(tokens=tokens, seq_len=64, train=TrainConfig(steps=1), metrics=tmp_path / "m", summary=tmp_path / "s")
+    settings = dict(tokens=tokens, seq_len=64, train=TrainConfig(steps=1), metrics=tmp_path / "m",
+                    summary=tmp_path / "s")
     rows = torch.randint(3, 500, (6, 64))
     with pytest.warns(UserWarning, match="training without retrieval rows: rows of 64 tokens have no room"):
         ids, weights, _ = TrainingJob(**settings).training_rows(rows, tiny_tokenizer, window=32)
@@ -113,3 +114,62 @@ def test_short_rows_train_without_the_default_retrieval_rows_but_refuse_an_asked
     long_rows = torch.randint(3, 500, (6, 512))
     ids, weights, _ = TrainingJob(**{**settings, "seq_len": 512}).training_rows(long_rows, tiny_tokenizer, window=32)
     assert ids.shape == (8, 512) and weights is not None  # a quarter of the rows, where a row holds them
+
+
+def test_focus_train_on_a_full_disk_is_one_line_keeps_its_checkpoint_and_resumes_bit_identical(small_disk, tmp_path,
+                                                                                                monkeypatch, capsys):
+    """The disk fills between the step-2 and the step-4 checkpoint (a filler file written just before the second):
+    one line, exit non-zero, the step-2 checkpoint loads; with the filler gone, a rerun finishes with the adapter an
+    uninterrupted run makes, byte for byte."""
+    from focus.cli import main
+    from focus.train import loop
+
+    def train(out):
+        return main(["train", "--model", "tiny:llama", "--output", str(out), "--seq_len", "64", "--calibration_rows",
+                     "2", "--eval_rows", "2", "--steps", "6", "--batch_size", "2", "--num_groups", "4", "--window",
+                     "8", "--checkpoint_every", "2", "--retrieval_share", "0"])
+
+    assert train(tmp_path / "whole") == 0
+    capsys.readouterr()
+    subprocess.run(["mount", "-o", "remount,size=16m", str(small_disk)], check=True)
+    save_checkpoint, saves = loop.save_checkpoint, []
+
+    def fill_the_disk_before_the_second(path, **state):
+        saves.append(state["step"])
+        if len(saves) == 2:
+            filler = small_disk / "filler"
+            with open(filler, "wb", buffering=0) as f, pytest.raises(OSError):
+                while True:
+                    f.write(b"\0" * 4096)
+        save_checkpoint(path, **state)
+
+    monkeypatch.setattr(loop, "save_checkpoint", fill_the_disk_before_the_second)
+    out = small_disk / "run"
+    assert train(out) == 2
+    error = capsys.readouterr().err
+    assert "Traceback" not in error
+    assert error.splitlines()[-1] == (f"focus train: error: no space left to write {out}/run/checkpoint.pt (0 bytes of "
+                                      f"it written, 0 bytes free in {out}/run)")
+    monkeypatch.undo()
+    assert saves == [2, 4] and torch.load(out / "run" / "checkpoint.pt", weights_only=True)["step"] == 2
+    assert not list((out / "run").glob("*.tmp"))
+    (small_disk / "filler").unlink()
+    assert train(out) == 0
+    for name in ("focus_centroids.safetensors", "focus_config.json"):
+        assert (out / "adapter" / name).read_bytes() == (tmp_path / "whole" / "adapter" / name).read_bytes(), name
+
+
+@pytest.mark.parametrize("failure", ["DiskFullError(28, 'no space left to write a/b.json (0 bytes of it written, 0 "
+                                     "bytes free in a)')", "ValueError('a bug')"], ids=["full_disk", "other"])
+def test_a_pipeline_job_that_ran_out_of_space_ends_its_log_with_one_line(tmp_path, failure):
+    import sys
+
+    log = tmp_path / "job.log"
+    script = ("from focus.files import DiskFullError\nfrom focus.pipeline.start import start_job\n"
+              f"start_job({str(log)!r}, 1)\nprint('working')\nraise {failure}\n")
+    assert subprocess.run([sys.executable, "-c", script]).returncode == 1
+    lines = log.read_text().splitlines()
+    if failure.startswith("DiskFullError"):
+        assert lines == ["working", "error: no space left to write a/b.json (0 bytes of it written, 0 bytes free in a)"]
+    else:
+        assert lines[1] == "Traceback (most recent call last):" and lines[-1] == "ValueError: a bug"

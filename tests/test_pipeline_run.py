@@ -113,6 +113,19 @@ def test_minimal_run_writes_sane_artifacts(mini_run):
 
 
 @pytest.mark.slow
+def test_every_file_the_run_wrote_follows_the_group_shared_umask(mini_run):
+    """Run under umask 002: a colleague in the group reads (and may replace) every token cache, adapter, table and
+    figure. W&B's own folders (its offline runs, artifact staging copies and cache) keep the modes W&B gives them."""
+    workdir, results = mini_run
+    wandbs_own = ("offline-run-", ".data", ".cache")
+    too_private = [f"{oct(path.stat().st_mode & 0o777)} {path.relative_to(workdir)}"
+                   for path in [*results.rglob("*"), workdir / "report.html"]
+                   if not path.is_symlink() and not any(part.startswith(wandbs_own) for part in path.parts)
+                   and path.stat().st_mode & 0o777 != (0o775 if path.is_dir() else 0o664)]
+    assert not too_private
+
+
+@pytest.mark.slow
 def test_wandb_run_file_holds_every_table_and_figure(mini_run):
     _, results = mini_run
     record = json.loads((results / "wandb" / "report.json").read_text())

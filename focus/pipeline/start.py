@@ -7,6 +7,7 @@ fraction of a second instead of the seconds torch and transformers take to impor
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import re
@@ -14,6 +15,10 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+
+from focus.files import DiskFullError  # torch-free, as this module must stay
+
+_FULL_DISK: list[str] = []  # the line a job that ran out of space ends its log with
 
 
 def start_job(log: str | Path, threads: int) -> None:
@@ -31,8 +36,26 @@ def start_job(log: str | Path, threads: int) -> None:
     os.environ["OMP_NUM_THREADS"] = str(threads)
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(threads)
+    sys.excepthook = _remember_a_full_disk
+    atexit.register(_say_it_last)
     if "SLURM_JOB_ID" in os.environ:
         signal.signal(signal.SIGTERM, _report_slurm_stop)
+
+
+def _remember_a_full_disk(kind, error, traceback) -> None:
+    """A job that ran out of space ends its log with the line that says which file and where (`_say_it_last`), not
+    with a traceback (the disk is full, the code is fine); any other failure prints its traceback. W&B's own hook,
+    set over this one by a live run, prints every traceback first."""
+    if issubclass(kind, DiskFullError):
+        _FULL_DISK.append(str(error))
+    else:
+        sys.__excepthook__(kind, error, traceback)
+
+
+def _say_it_last() -> None:
+    # An exit hook registered before W&B's: it runs after them, so the line comes after W&B's goodbye.
+    for line in _FULL_DISK:
+        print(f"error: {line}", file=sys.stderr, flush=True)
 
 
 def _report_slurm_stop(signum, frame) -> None:

@@ -149,8 +149,15 @@ def save_checkpoint(
             "focus_config": focus,
             "final_metrics": final_metrics,
         }
-        atomic_write(path, lambda tmp: torch.save(state, tmp))
+        atomic_write(path, lambda tmp: _save(state, tmp))
     barrier()
+
+
+def _save(state: dict[str, Any], path: Path) -> None:
+    # Through a Python file, not the path: then a full disk surfaces as the OSError behind torch's error (given a
+    # path, torch's C++ writer says only "iostream error").
+    with open(path, "wb") as f:
+        torch.save(state, f)
 
 
 def load_checkpoint(

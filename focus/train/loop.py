@@ -44,6 +44,7 @@ from tqdm.auto import tqdm
 
 from focus.config import to_dict
 from focus.distributed import average_across_processes, barrier, full_state, is_sharded, rank_and_world
+from focus.files import naming_a_full_disk
 from focus.models import check_context_length, input_device
 from focus.retrofit import focus_config, has_focus
 from focus.train.checkpoint import (
@@ -228,8 +229,9 @@ def train_parameters(
                 record["eval/loss"] = eval_loss
                 record["eval/ppl"] = math.exp(min(eval_loss, 700.0))  # exp overflows float64 past ~709
             if len(record) > 1 and metrics_file is not None:
-                metrics_file.write(json.dumps(record) + "\n")
-                metrics_file.flush()
+                with naming_a_full_disk(metrics_file.name):
+                    metrics_file.write(json.dumps(record) + "\n")
+                    metrics_file.flush()
                 if on_log is not None:
                     on_log(record)
             # The line of a step is written before its checkpoint: lines past a checkpoint's step are
@@ -253,7 +255,8 @@ def train_parameters(
                 tic = time.perf_counter()
     finally:
         if metrics_file is not None:
-            metrics_file.close()
+            with naming_a_full_disk(metrics_file.name):  # a line the full disk refused may still be buffered
+                metrics_file.close()
         bar.close()
     return record
 
