@@ -37,8 +37,10 @@ def main() -> None:
                         "centroids of the prompt)")
     parser.add_argument("--text", default=None, help="prompts from this corpus split, e.g. books:validation "
                         "(default: random tokens)")
-    parser.add_argument("--compile-step", action="store_true", help="Focus's masked decoding steps as one native "
-                        "call each (FocusCache(model, native=True); CPU; one-layer rows get a native_s column)")
+    parser.add_argument("--kernels", choices=["auto", "native", "eager"], default="auto", help="the FocusCache's "
+                        "kernels: the library's default (native on the CPU where they apply), native, or eager; "
+                        "one-layer rows on the CPU get a native_s column unless eager")
+    parser.add_argument("--compile-step", action="store_true", help="the former name of --kernels native")
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--tag", default="cpu")
     args = parser.parse_args()
@@ -48,7 +50,8 @@ def main() -> None:
         "head_layouts": parse_settings(args.head_layouts, "query heads:key/value heads"),
         "head_dim": args.head_dim, "dtype": args.dtype, "repeats": args.repeats, "prompt_lengths": args.prompt_lengths,
         "generate_settings": parse_settings(args.generate_settings), "new_tokens": args.new_tokens,
-        "adapter": args.adapter, "text": args.text, "routings": args.routings, "compile_step": args.compile_step,
+        "adapter": args.adapter, "text": args.text, "routings": args.routings,
+        "native": True if args.compile_step else {"auto": None, "native": True, "eager": False}[args.kernels],
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

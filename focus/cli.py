@@ -126,8 +126,10 @@ class BenchArguments:
         "help": "Prompt lengths of the whole-model rows."})
     dtype: Literal["float32", "bfloat16", "float16"] = field(default="float32", metadata={"help": "Tensor dtype."})
     repeats: int = field(default=5, metadata={"help": "Timed repeats (the median is reported)."})
-    compile_step: bool = field(default=False, metadata={
-        "help": "decode: Focus's masked steps as one native call each (FocusCache(model, native=True); CPU)."})
+    kernels: Literal["auto", "native", "eager"] = field(default="auto", metadata={
+        "help": "decode: the FocusCache's kernels timed: the library's default (auto: native CPU kernels where they "
+                "apply), native (they must) or eager PyTorch."})
+    compile_step: bool = field(default=False, metadata={"help": "Deprecated: --kernels native."})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -328,8 +330,7 @@ def _generate(argv: list[str]) -> int:
         load_focus(model, trained)
         set_focus_mode(model, adapter.mode, **adapter.focus_changes())
         # decoding reads the group index
-        native = True if args.compile_step else {"auto": None, "native": True, "eager": False}[args.kernels]
-        cache = FocusCache(model, native=native) if adapter.mode == "hard" else None
+        cache = FocusCache(model, native=_native(args)) if adapter.mode == "hard" else None
     if args.chat:
         messages = [{"role": "user", "content": args.prompt}]
         inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
@@ -343,6 +344,15 @@ def _generate(argv: list[str]) -> int:
         out = model.generate(**inputs, past_key_values=cache, do_sample=False, max_new_tokens=args.max_new_tokens)
     print(tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))
     return 0
+
+
+def _native(args) -> bool | None:
+    """`--kernels` as `FocusCache(native=...)`; the deprecated `--compile_step` is `--kernels native`."""
+    if args.compile_step:
+        warnings.warn("--compile_step is deprecated: it is --kernels native (auto, the default, runs the native "
+                      "kernels wherever they apply)", FutureWarning, stacklevel=2)
+        return True
+    return {"auto": None, "native": True, "eager": False}[args.kernels]
 
 
 def _bench(argv: list[str]) -> int:
@@ -365,7 +375,7 @@ def _bench(argv: list[str]) -> int:
 
         run_decode_benchmark({"cache_lengths": args.lengths, "settings": settings, "dtype": args.dtype,
                               "repeats": args.repeats, "prompt_lengths": args.prompt_lengths,
-                              "generate_settings": settings[:1], "compile_step": args.compile_step},
+                              "generate_settings": settings[:1], "native": _native(args)},
                              model, out / f"decode_step_{args.tag}.csv", out / f"generate_{args.tag}.csv",
                              out / f"decode_speedup_{args.tag}.png")
         tables = (f"decode_step_{args.tag}.md", f"generate_{args.tag}.md")

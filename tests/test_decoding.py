@@ -10,8 +10,9 @@ import torch
 from test_attention import make_inputs, make_layer, reference_attention, reference_with_dense_heads, run_focus
 
 import focus.attention.decoding
-import focus.attention.group_index
 import focus.attention.function
+import focus.attention.group_index
+import focus.attention.kernel_table
 from focus import FocusConfig
 from focus.attention.decoding import CACHE_INDEX_ATTRIBUTE
 from focus.attention.group_index import GroupIndex
@@ -79,7 +80,7 @@ def decode(layer, q, key, v, mask, prompt: int, chunk: int = 1):
 def step(request, monkeypatch):
     """Which decoding step runs: through the group lists ("sparse") or under the hard mask ("masked"), whatever the
     cost model would choose at these lengths."""
-    monkeypatch.setattr(focus.attention.planning, "sparse_step_pays", lambda *args: request.param == "sparse")
+    monkeypatch.setattr(focus.attention.kernel_table, "sparse_step_pays", lambda *args: request.param == "sparse")
     return request.param
 
 
@@ -240,7 +241,7 @@ def test_generate_through_a_focus_cache_on_smollm2_is_the_dense_pattern(smollm2,
     calibration = text[None, 9000:9512]
     apply_focus(model, FocusConfig(num_groups=16, window=64, top_k=2, mode="hard"), calibration_ids=calibration)
     turns = itertools.cycle([True, False])
-    monkeypatch.setattr(focus.attention.planning, "sparse_step_pays", lambda *args: next(turns))
+    monkeypatch.setattr(focus.attention.kernel_table, "sparse_step_pays", lambda *args: next(turns))
     try:
         with torch.no_grad(), counting_sparse_steps() as calls:
             out = model.generate(input_ids=ids, attention_mask=mask, past_key_values=FocusCache(model, native=False),
@@ -308,6 +309,7 @@ def test_generate_rows_time_a_trained_adapter_on_real_prompts(smollm2, tmp_path)
     assert not has_focus(model)
     (row,) = rows
     assert (row["groups"], row["window"], row["top_k"]) == (4, 16, 1)  # the adapter's groups, the setting's rest
+    assert row["native"] is True  # what the library runs by default on the CPU
     assert row["adapter"].endswith("adapter") and row["group_balance"] >= 1.0
     assert row["prefill_speedup"] == pytest.approx(row["unmodified_prefill_s"] / row["focus_prefill_s"])
     for side in ("unmodified", "focus"):  # attention-only: a part of the whole, never nothing
@@ -319,3 +321,12 @@ def test_generate_rows_time_a_trained_adapter_on_real_prompts(smollm2, tmp_path)
     assert "focus" not in ALL_ATTENTION_FUNCTIONS._local_mapping  # the clock's wrappers are gone
     with pytest.raises(ValueError, match="needs 4000 tokens"):
         generate_rows(model, [4000], [(16, 16, 1)], new_tokens=1, prompt_ids=text[:, :100])
+
+
+def test_the_decode_benchmark_times_the_librarys_default_kernels_and_reads_compile_step_as_native():
+    from focus.pipeline.benchmark import decode_kernels
+
+    assert decode_kernels({}) is None  # FocusCache(model)'s own choice: native on the CPU
+    assert decode_kernels({"native": False}) is False
+    with pytest.warns(FutureWarning, match="compile_step is deprecated: it is benchmark.decode.native"):
+        assert decode_kernels({"compile_step": False}) is False

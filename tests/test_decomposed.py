@@ -11,7 +11,7 @@ from focus.attention.decomposed import (
 )
 from focus.attention.fast_path import current_fast_path, fast_path, use_fast_path
 from focus.attention.native import native_routed_prefill
-from focus.attention.planning import decomposition_backend
+from focus.attention.facts import decomposition_backend
 from focus.attention.reference import causal_pairs, dense_attention, hard_allowed
 from focus.attention.routing import sink_keys
 

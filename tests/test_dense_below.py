@@ -9,10 +9,11 @@ from test_attention import make_inputs, make_layer, reference_with_dense_heads, 
 from test_decoding import decode
 
 import focus.attention.function
+import focus.attention.kernel_table
 from focus import FocusConfig, apply_focus, set_focus_mode
 from focus.attention.decoding import CACHE_INDEX_ATTRIBUTE, FocusCache
-from focus.attention.group_index import GroupIndex
 from focus.attention.fast_path import fast_path
+from focus.attention.group_index import GroupIndex
 from focus.attention.reference import unmodified_attention
 from focus.config import ConfigError
 from focus.models import tiny_model
@@ -95,7 +96,7 @@ def test_rows_below_are_the_unmodified_attention_and_rows_from_it_focus(case, be
 def test_decoding_steps_and_chunks_switch_where_the_position_crosses_it(chunk, step, monkeypatch):
     """A prompt of 12, then `chunk` tokens a call through the group index: queries before 15 (steps, or part of a chunk
     that starts mid-sequence) attend as the model, later ones as Focus (the dense reference of the whole sequence)."""
-    monkeypatch.setattr(focus.attention.planning, "sparse_step_pays", lambda *args: step == "sparse")
+    monkeypatch.setattr(focus.attention.kernel_table, "sparse_step_pays", lambda *args: step == "sparse")
     config = FocusConfig(num_groups=4, top_k=2, window=4, sink_tokens=1, mode="hard", dense_below=15,
                          dense_heads=["l0h1"])
     layer = make_layer(config, 3, 8)

@@ -6,6 +6,7 @@ from test_attention import make_inputs, make_layer, reference_attention, referen
 from test_decoding import CASES, counting_calls, decode
 
 import focus.attention.function
+import focus.attention.kernel_table
 from focus import FocusConfig, apply_focus
 from focus.attention.decoding import FocusCache
 from focus.attention.group_index import GroupIndex
@@ -20,16 +21,17 @@ def counting_native_steps():
 @pytest.fixture(autouse=True)
 def masked_steps(monkeypatch):
     """Every one-token step under the mask (the native step's path), whatever the cost model would choose."""
-    monkeypatch.setattr(focus.attention.planning, "sparse_step_pays", lambda *args: False)
+    monkeypatch.setattr(focus.attention.kernel_table, "sparse_step_pays", lambda *args: False)
 
 
 def eager_steps(monkeypatch):
     """The steps of a native index as an eager one's (its prompt stays native)."""
     from dataclasses import replace
 
-    step_plan = focus.attention.planning._step_plan
-    monkeypatch.setattr(focus.attention.planning, "_step_plan",
-                        lambda config, facts: step_plan(config, replace(facts, cache="eager")))
+    table = focus.attention.kernel_table
+    rows = tuple(replace(row, declines=lambda config, facts: "the test asks for eager steps")
+                 if row.name == "native_step" else row for row in table.KERNEL_TABLE)
+    monkeypatch.setattr(table, "KERNEL_TABLE", rows)
 
 
 @pytest.fixture
@@ -254,7 +256,7 @@ def test_the_native_step_runs_below_its_length_and_where_the_sparse_step_would_n
     from focus.attention.planning import CallFacts, plan
     from focus.attention.step_cost import NATIVE_STEP_BELOW, sparse_step_pays
 
-    monkeypatch.setattr(focus.attention.planning, "sparse_step_pays", sparse_step_pays)  # the real cost model here
+    monkeypatch.setattr(focus.attention.kernel_table, "sparse_step_pays", sparse_step_pays)  # the real cost model here
     def first_sparse(routing_heads, top_k):
         return next((n for n in range(256, 70_000, 256) if sparse_step_pays(16, top_k, routing_heads, 3, n)), None)
 

@@ -93,3 +93,42 @@ def test_what_runs_is_the_plan(native, monkeypatch):
     prompt, step = ("decomposed_native", "native_step") if native else ("decomposed_torch", "masked_step")
     assert planned == [prompt] * layers + [step] * 5 * layers
     assert ran == planned
+
+
+def test_the_kernel_is_the_first_row_that_does_not_decline_and_every_refusal_is_kept(monkeypatch):
+    """The plan asks `KERNEL_TABLE` in order: a decoding step is asked of the step rows first, a prompt never is; each
+    row before the chosen one says why it declined; a row added to the table is asked like any other."""
+    import focus.attention.kernel_table as table
+
+    config = FocusConfig(mode="hard", top_k=2, window=256, route_queries="key")
+    prompt = plan(config, CallFacts(queries=4096, keys=4096, cache="native"))
+    assert prompt.kernel == "decomposed_torch"
+    assert prompt.declined == (("decomposed_native", "queries routed by their keys (route_queries='key')"),
+                               ("decomposed_flash", "flash-attn runs on CUDA, the call on cpu"))
+    assert "\n  not decomposed_native: queries routed by their keys" in str(prompt)
+    step = plan(config.replace(num_groups=70), CallFacts(queries=1, keys=4096, cache="native"))
+    assert step.kernel == "sparse_step" and [name for name, _ in step.declined] == ["native_step", "masked_step"]
+    graded = plan(config, CallFacts(queries=4096, keys=4096, gradients=True))
+    assert graded.kernel == "dense_masked" and {why for _, why in graded.declined} == {
+        "a gradient flows through the attention"}
+
+    def takes_long_prompts(config, facts):
+        return None if facts.keys >= 2048 else "shorter than 2048 keys"
+
+    row = table.Kernel("long_prompts", "a kernel for long prompts", takes_long_prompts, "a long prompt")
+    monkeypatch.setattr(table, "KERNEL_TABLE", (*table.KERNEL_TABLE[:3], row, *table.KERNEL_TABLE[3:]))
+    assert plan(config, CallFacts(queries=4096, keys=4096)).kernel == "long_prompts"
+    short = plan(config, CallFacts(queries=1024, keys=1024))
+    assert short.kernel == "decomposed_torch" and ("long_prompts", "shorter than 2048 keys") in short.declined
+
+
+def test_the_fast_path_switch_is_a_fact_of_the_call():
+    """A call's facts may name the switch (as `explain` and the docs table do); otherwise the plan reads the one in
+    force, once."""
+    config = FocusConfig(mode="hard")
+    facts = CallFacts(queries=640, keys=640)
+    assert plan(config, CallFacts(queries=640, keys=640, fast_path="dense")).kernel == "dense_masked"
+    with fast_path("dense"):
+        assert plan(config, facts).kernel == "dense_masked"
+        assert plan(config, CallFacts(queries=640, keys=640, fast_path="auto")).kernel == "decomposed_torch"
+    assert plan(config, facts).kernel == "decomposed_torch"

@@ -44,9 +44,9 @@ import math
 import torch
 
 from focus.attention.band import band_part, local_part
+from focus.attention.facts import decomposition_backend, flash_attn_installed
 from focus.attention.labels import label
 from focus.attention.native import native_routed_prefill
-from focus.attention.planning import decomposition_backend, flash_attn_installed
 from focus.attention.rectangle import rectangle_entries, rectangle_part
 from focus.attention.segments import Entries, similar_lengths, subset_codes, subset_sign
 
@@ -82,7 +82,7 @@ def decomposed_hard_attention(
         sinks: (B or 1, L) bool sink keys (every group holds them); None for none.
         scaling: softmax scale (default D ** -0.5).
         backend: "flash", "torch" or "native" (with `query_groups`: see the module docstring); default
-            `focus.attention.planning.decomposition_backend`'s.
+            `focus.attention.facts.decomposition_backend`'s.
         block: query block length of the local part.
         query_groups: (B, H, L, k) long, each query head's own groups (`route_queries="query"`), or (B, K, L, k),
             the groups that the query heads of each key/value head share (`"kv_head"`); None: a query takes its

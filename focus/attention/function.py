@@ -17,11 +17,12 @@ from torch import nn
 
 from focus.attention.decoding import index_new_keys, masked_decode_attention, sparse_decode_attention, take_cache_index
 from focus.attention.decomposed import decomposed_hard_attention
+from focus.attention.facts import CallFacts
 from focus.attention.group_index import GroupIndex
 from focus.attention.indexer import indexer_loss
 from focus.attention.labels import label
 from focus.attention.native import ROUTE_QUERIES, kernels
-from focus.attention.planning import CallFacts, Plan, plan
+from focus.attention.planning import Plan, plan
 from focus.attention.recall import LOSSES_ATTRIBUTE, recall_loss
 from focus.attention.reference import (
     causal_pairs,

@@ -132,7 +132,7 @@ def generate_rows(
     progress: Callable[[str], None] = print,
     adapter: str | None = None,
     prompt_ids: torch.Tensor | None = None,
-    compile_step: bool = False,
+    native: bool | None = None,
     rounds: int = 3,
 ) -> list[dict]:
     """Greedy decoding of `new_tokens` after a prompt, per (groups, window, top_k): Focus hard through a
@@ -144,19 +144,20 @@ def generate_rows(
     centroids of the prompt's first tokens; removed afterwards. Prompts are the first tokens of `prompt_ids` (1, N),
     or random tokens. Trained groups are less balanced than k-means groups of random tokens, and a step reads its
     groups' keys: each row reports the balance the index saw (`group_balance`: largest over mean group, median over
-    layers and key/value heads). `compile_step`: Focus's masked steps as one native call each
-    (`FocusCache(model, native=True)`; built before the timing starts). Per setting, the unmodified model and
-    Focus decode `rounds` times each, taking turns from the same prompt state, and each side reports its median."""
+    layers and key/value heads). `native`: the FocusCache's kernels (`FocusCache(model, native=...)`; None: the
+    library's default, native on the CPU where they build; built before the timing starts). Per setting, the
+    unmodified model and Focus decode `rounds` times each, taking turns from the same prompt state, and each side
+    reports its median."""
     from transformers import DynamicCache
 
     from focus.attention.growing_cache import GrowingCache
     from focus.retrofit import remove_focus
 
     device = next(model.parameters()).device
-    if compile_step:
-        from focus.attention.native import kernels
+    if native is not False and device.type == "cpu":
+        from focus.attention.native import kernels_built
 
-        kernels()  # built (or loaded) here, not inside the first timed step
+        kernels_built(required=bool(native))  # built (or loaded) here, not inside the first timed step
     limit = getattr(model.config.get_text_config(), "max_position_embeddings", None)
     rows = []
     for length in prompt_lengths:
@@ -189,7 +190,7 @@ def generate_rows(
                         base_prefills.append(_prefill(model, ids, GrowingCache(config=model.config))[0])
                         base_attention.append(_lap(clock))
                         _attach_focus(model, setting, adapter, ids)
-                        cache = FocusCache(model, native=compile_step)
+                        cache = FocusCache(model, native=native)
                         seconds, focus_logits = _prefill(model, ids, cache)
                         focus_prefills.append(seconds)
                         focus_attention.append(_lap(clock))
@@ -233,7 +234,7 @@ def generate_rows(
                 "focus_decode_attention_s": focus_decode_attention,
                 "decode_attention_speedup": base_decode_attention / focus_decode_attention,
                 "adapter": "" if adapter is None else str(adapter), "group_balance": balance,
-                "compile_step": compile_step,
+                "native": cache.native,
             }
             rows.append(row)
             progress(f"prompt={length:>6} G={num_groups} w={window} k={top_k}: unmodified "

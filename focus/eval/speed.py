@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from focus.attention.decomposed import decomposed_hard_attention, pair_counts
-from focus.attention.planning import decomposition_backend
+from focus.attention.facts import decomposition_backend
 from focus.attention.routing import sink_keys
 
 

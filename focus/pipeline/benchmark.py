@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -54,11 +55,12 @@ def run_decode_benchmark(
     (when `model_source` is given), their tables (CSV + Markdown headed by the machine) and the step figure."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = getattr(torch, settings.get("dtype", "float32"))
+    native = decode_kernels(settings)
     steps = decode_step_rows(
         settings["cache_lengths"], [tuple(s) for s in settings["settings"]],
         [tuple(layout) for layout in settings.get("head_layouts", [[1, 1], [9, 3]])], settings.get("head_dim", 64),
         dtype, device, settings.get("repeats", 5), routings=tuple(settings.get("routings", ["query"])),
-        native=settings.get("compile_step", False) and torch.device(device).type == "cpu",
+        native=native is not False and torch.device(device).type == "cpu",
     )
     generated = []
     if model_source:
@@ -71,10 +73,21 @@ def run_decode_benchmark(
         generated = generate_rows(model, settings.get("prompt_lengths", [4096]),
                                   [tuple(s) for s in settings.get("generate_settings", [[16, 256, 1]])],
                                   settings.get("new_tokens", 32), adapter=settings.get("adapter"),
-                                  prompt_ids=prompt_ids, compile_step=settings.get("compile_step", False))
+                                  prompt_ids=prompt_ids, native=native)
     machine = _measured_on(device, dtype)
     write_speed_tables(steps, generated, step_csv, generate_csv, machine)
     plot_decode_speedup(step_csv, figure, machine)
+
+
+def decode_kernels(settings: dict) -> bool | None:
+    """`benchmark.decode.native`: the FocusCache's kernels the decoding benchmark times (absent: the library's default,
+    native on the CPU). The deprecated `compile_step` is read as `native` with a warning: `compile_step: false` forced
+    the eager path the library no longer defaults to."""
+    if "compile_step" in settings:
+        warnings.warn("benchmark.decode.compile_step is deprecated: it is benchmark.decode.native (absent: the "
+                      "library's default, the native kernels on the CPU)", FutureWarning, stacklevel=2)
+        return settings.get("native", settings["compile_step"])
+    return settings.get("native")
 
 
 def plot_decode_speedup(step_csv: str | Path, figure: str | Path, machine: str = "") -> None:

@@ -1,0 +1,81 @@
+"""What decides how one attention call is computed: its facts, read from the call (`focus.attention.function`) or
+stated (`focus.attention.explain`), and the facts of this installation (flash-attn, the fast-path switch).
+
+A leaf: the kernels read these facts and the plan reads them; neither imports the other through here.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from focus.attention.fast_path import current_fast_path
+
+
+@dataclass(frozen=True)
+class CallFacts:
+    """What decides the path of one attention call.
+
+    queries, keys: Q and L of the call (a decoding step: Q = 1 with a cache); heads, k_heads, head_dim: its shapes.
+    cache: "none", or the group index a `FocusCache` keeps ("eager", "native": whether it runs the native kernels).
+    index_current: the index needs only the call's new keys (not cropped, every row's sink tokens seen).
+    left_padded: padding, if any, is only on the left. gradients: a gradient flows through the query or the key.
+    training: the centroids are training (`centroids_training`). traced: the routing logits are recorded.
+    softcap, dropout: the model soft-caps its logits or drops attention weights; model_window: its own sliding
+    window, or None. dense_rows: the first queries that attend as the unmodified model (`dense_below`).
+    flash_attn: whether flash-attn imports (None: `flash_attn_installed` looks).
+    fast_path: the fast-path switch in force (`focus.attention.fast_path`; None: read it when planned).
+    """
+
+    queries: int
+    keys: int
+    heads: int = 9
+    k_heads: int = 3
+    head_dim: int = 64
+    device: str = "cpu"
+    cache: str = "none"
+    index_current: bool = True
+    left_padded: bool = True
+    gradients: bool = False
+    training: bool = False
+    traced: bool = False
+    softcap: bool = False
+    dropout: bool = False
+    model_window: int | None = None
+    dense_rows: int = 0
+    flash_attn: bool | None = None
+    fast_path: str | None = None
+
+    @property
+    def decoding_step(self) -> bool:
+        """One new query against a `FocusCache`'s keys."""
+        return self.cache != "none" and self.queries == 1
+
+    @property
+    def switch(self) -> str:
+        """The fast-path switch this call is planned under."""
+        return current_fast_path() if self.fast_path is None else self.fast_path
+
+    @property
+    def has_flash_attn(self) -> bool:
+        return flash_attn_installed() if self.flash_attn is None else self.flash_attn
+
+
+@functools.cache
+def flash_attn_installed() -> bool:
+    """Whether flash-attn's varlen kernel imports here."""
+    try:
+        from flash_attn import flash_attn_varlen_func  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def decomposition_backend(device: str, flash_attn: bool | None = None) -> str:
+    """The decomposition's backend for a call on `device` ("cpu", "cuda"): the one the fast-path switch pins ("flash",
+    "torch"), else flash-attn on CUDA where it is installed (`flash_attn`; None: look), else "torch"."""
+    switch = current_fast_path()
+    if switch in ("flash", "torch"):
+        return switch
+    installed = flash_attn_installed() if flash_attn is None else flash_attn
+    return "flash" if device == "cuda" and installed else "torch"

@@ -1,0 +1,172 @@
+"""The kernels of hard Focus as rows of one ordered table, fastest first: each says why it declines a call, the plan
+(`focus.attention.planning`) takes the first that does not and keeps every refusal (`Plan.declined`).
+
+As PyTorch's `sdp_utils` and xformers' dispatch do it: a kernel's conditions live in its row, not in the planner, so a
+new kernel (a router's own prefill or step) is a new row and nothing else changes; `explain` and
+docs/attention_plan.md print the refusals. Every kernel computes the dense masked reference's output over the pairs
+the plan's router keeps (`tests/test_decomposed.py`, `tests/test_decoding.py`, `tests/test_native_step.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from focus.attention.facts import CallFacts
+from focus.attention.group_bits import GROUP_BITS
+from focus.attention.native import MAX_DIM as NATIVE_MAX_DIM
+from focus.attention.step_cost import NATIVE_STEP_BELOW, sparse_step_pays
+from focus.config import FocusConfig
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One row: `name` (what `Plan.kernel` says), `text` (what it computes), `steps_only` (it computes only a decoding
+    step: a row for other calls is not asked), `declines(config, facts)` (why not this call; None: it takes it) and
+    `takes` (what it is chosen for where nothing above it declined)."""
+
+    name: str
+    text: str
+    declines: Callable[[FocusConfig, CallFacts], str | None]
+    takes: str
+    steps_only: bool = False
+
+
+def fast_path_blocker(config: FocusConfig, facts: CallFacts) -> str | None:
+    """Why no fast kernel (a decomposition, a decoding step) can compute the call: what every row but the dense masked
+    one declines."""
+    if config.selector != "centroids":
+        return f"selector {config.selector!r}: its keys differ per query and fit no group index"
+    if facts.switch == "dense":
+        return "the fast-path switch is 'dense'"
+    if facts.softcap:
+        return "the model soft-caps its logits"
+    if facts.dropout:
+        return "attention dropout"
+    if facts.model_window is not None and facts.model_window < facts.keys:
+        return f"the model's own window ({facts.model_window}) is shorter than the keys"
+    if facts.gradients:
+        return "a gradient flows through the attention"
+    return None
+
+
+def _step_blocker(config: FocusConfig, facts: CallFacts) -> str | None:
+    if facts.traced:
+        return "the routing logits are traced"
+    return fast_path_blocker(config, facts)
+
+
+def _pays(config: FocusConfig, facts: CallFacts) -> bool:
+    routing_heads = facts.k_heads if config.route_queries == "kv_head" else facts.heads
+    return sparse_step_pays(config.num_groups, config.top_k, routing_heads, facts.k_heads, facts.keys)
+
+
+def _native_step(config: FocusConfig, facts: CallFacts) -> str | None:
+    if blocker := _step_blocker(config, facts):
+        return blocker
+    if facts.cache != "native":
+        return "the cache runs no native kernels (FocusCache(native=False))"
+    if facts.device != "cpu":
+        return f"the native kernels run on the CPU, the call on {facts.device}"
+    if config.num_groups > GROUP_BITS:
+        return f"{config.num_groups} groups > {GROUP_BITS}"
+    if not facts.index_current:
+        return "the index is cropped or a row's sink tokens are not all seen"
+    if facts.keys >= NATIVE_STEP_BELOW and _pays(config, facts):
+        return f"{facts.keys} keys >= {NATIVE_STEP_BELOW}, where the sparse step pays"
+    return None
+
+
+def _masked_step(config: FocusConfig, facts: CallFacts) -> str | None:
+    if blocker := _step_blocker(config, facts):
+        return blocker
+    if config.num_groups > GROUP_BITS:
+        return f"{config.num_groups} groups > {GROUP_BITS}: no group bits"
+    if _pays(config, facts):
+        return f"{facts.keys} keys: the sparse step pays"
+    return None
+
+
+def _sparse_step(config: FocusConfig, facts: CallFacts) -> str | None:
+    return _step_blocker(config, facts)
+
+
+def _whole_sequence(config: FocusConfig, facts: CallFacts) -> str | None:
+    if blocker := fast_path_blocker(config, facts):
+        return blocker
+    if facts.queries != facts.keys:
+        return "queries after a cached past (the decomposition takes whole sequences)"
+    return None
+
+
+def _decomposed_native(config: FocusConfig, facts: CallFacts) -> str | None:
+    if blocker := _whole_sequence(config, facts):
+        return blocker
+    if facts.cache != "native":
+        return "not a native FocusCache's prompt"
+    if facts.switch != "auto":
+        return f"the fast-path switch is {facts.switch!r}"
+    if facts.device != "cpu":
+        return f"the native kernels run on the CPU, the call on {facts.device}"
+    if facts.traced:
+        return "the routing logits are traced"
+    if config.route_queries == "key":
+        return "queries routed by their keys (route_queries='key')"
+    if facts.head_dim > NATIVE_MAX_DIM:
+        return f"head size {facts.head_dim} > {NATIVE_MAX_DIM}"
+    if config.num_groups > GROUP_BITS:
+        return f"{config.num_groups} groups > {GROUP_BITS}"
+    if not facts.left_padded:
+        return "padding not only on the left"
+    return None
+
+
+def _decomposed_flash(config: FocusConfig, facts: CallFacts) -> str | None:
+    if blocker := _whole_sequence(config, facts):
+        return blocker
+    if facts.switch == "flash":
+        return None  # pinned: the kernel fails in one line where flash-attn is missing
+    if facts.switch == "torch":
+        return "the fast-path switch is 'torch'"
+    if facts.device != "cuda":
+        return f"flash-attn runs on CUDA, the call on {facts.device}"
+    if not facts.has_flash_attn:
+        return "flash-attn is not installed"
+    return None
+
+
+def _decomposed_torch(config: FocusConfig, facts: CallFacts) -> str | None:
+    return _whole_sequence(config, facts)
+
+
+KERNEL_TABLE: tuple[Kernel, ...] = (
+    Kernel("native_step", "a decoding step as one native CPU call: routing, index upkeep, the kept keys' attention",
+           _native_step, "a native FocusCache's step on the CPU", steps_only=True),
+    Kernel("masked_step", "a decoding step over every cached key under the mask the index's group bits make",
+           _masked_step, "a decoding step, below the sparse step's break-even", steps_only=True),
+    Kernel("sparse_step", "a decoding step over the keys of the query's groups, read through the index's group lists",
+           _sparse_step, "a decoding step through the group lists", steps_only=True),
+    Kernel("decomposed_native", "the query-routed decomposition as four native CPU calls (band, segments, "
+           "rectangles, merge)", _decomposed_native, "a native FocusCache's prompt on the CPU, query-routed"),
+    Kernel("decomposed_flash", "the decomposition, every group segment in one flash-attn varlen call (CUDA)",
+           _decomposed_flash, "a whole sequence through flash-attn (on CUDA where it is installed, or pinned)"),
+    Kernel("decomposed_torch", "the decomposition (focus.attention.decomposed): a band and group segments, PyTorch "
+           "kernels", _decomposed_torch, "a whole sequence"),
+    Kernel("dense_masked", "PyTorch SDPA under the Focus mask over every pair (the oracle, "
+           "`focus.attention.reference`)", lambda config, facts: None, "the reference, which computes every call"),
+)
+"""Every kernel of hard Focus, in the order the plan asks them."""
+
+
+def choose_kernel(config: FocusConfig, facts: CallFacts) -> tuple[Kernel, tuple[tuple[str, str], ...]]:
+    """The first row of `KERNEL_TABLE` that takes the call, and the (name, reason) of each row before it that declined
+    (rows that compute only decoding steps are not asked about other calls)."""
+    declined = []
+    for kernel in KERNEL_TABLE:
+        if kernel.steps_only and not facts.decoding_step:
+            continue
+        reason = kernel.declines(config, facts)
+        if reason is None:
+            return kernel, tuple(declined)
+        declined.append((kernel.name, reason))
+    raise AssertionError("the dense masked kernel takes every call")
