@@ -274,3 +274,63 @@ def test_a_rank_above_the_head_size_is_refused_before_the_model_is_touched():
     from focus.retrofit import has_focus
 
     assert not has_focus(model) and all(p.requires_grad for p in model.parameters())
+
+
+@pytest.mark.parametrize("route_queries", ["query", "kv_head"])
+@pytest.mark.parametrize("budget", [0.0, 0.3, 1.0])
+def test_the_indexer_step_is_the_dense_reference_over_its_selection(route_queries, budget):
+    """One decoding step from the cached key codes (gathered keys, top-k by index) = attention under the selection
+    mask `selected_pairs` makes, with left padding, the window and a sink."""
+    from focus.attention.indexer import indexer_decode_attention, key_codes
+    from focus.attention.reference import dense_attention
+
+    layer = Layer(route_queries=route_queries, budget=budget)
+    query, key = case(seed=5, length=20)
+    value = torch.randn_like(key)
+    base = padded_causal_mask(2, 20, [3, 0])[..., -1:, :]  # (B, 1, 1, L): row 0 left-padded
+    step = query[:, :, -1:]
+    expected = dense_attention(step, key, value, selected_pairs(layer, step, key, base, None), None, 8**-0.5)
+    got = indexer_decode_attention(layer, step, key, value, key_codes(layer, key), base, None)
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
+
+
+def test_generate_with_the_indexer_steps_through_its_key_codes_as_the_dense_path_decodes():
+    """generate() through a FocusCache: the prompt caches every key's code, each step runs `indexer_step` from them,
+    the tokens and logits are the dense masked path's (the fast-path switch pinned to it)."""
+    import focus.attention.function as function
+    from focus.attention.decoding import FocusCache
+    from focus.attention.fast_path import fast_path
+    from focus.attention.key_codes import KeyCodes
+
+    model = tiny_llama()
+    ids = torch.randint(0, 128, (2, 40), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0
+    apply_focus(model, FocusConfig(mode="hard", window=8, selector="indexer", indexer_rank=4, budget=0.3,
+                                   route_queries="kv_head"), calibration_ids=ids[:, :32])
+    kernels, made = [], function.plan
+
+    def recording(config, facts):
+        chosen = made(config, facts)
+        kernels.append(chosen.kernel)
+        return chosen
+
+    function.plan = recording
+    try:
+        with torch.no_grad():
+            cache = FocusCache(model)
+            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=6,
+                                 min_new_tokens=6, past_key_values=cache, output_logits=True,
+                                 return_dict_in_generate=True)
+            with fast_path("dense"):
+                dense = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=6,
+                                       min_new_tokens=6, past_key_values=FocusCache(model), output_logits=True,
+                                       return_dict_in_generate=True)
+    finally:
+        function.plan = made
+    layers = model.config.num_hidden_layers
+    assert kernels[: 6 * layers] == ["dense_masked"] * layers + ["indexer_step"] * 5 * layers
+    assert torch.equal(out.sequences, dense.sequences)
+    torch.testing.assert_close(torch.stack(out.logits), torch.stack(dense.logits), atol=1e-5, rtol=1e-5)
+    codes = next(iter(cache.indexes.values()))
+    assert isinstance(codes, KeyCodes) and codes.length == 45 and codes.codes.shape == (2, 2, 45, 4)

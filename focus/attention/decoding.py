@@ -26,6 +26,7 @@ from torch import nn
 
 from focus.attention.group_index import GroupIndex, ScratchRows
 from focus.attention.growing_cache import GrowingCache
+from focus.attention.key_codes import KeyCodes
 from focus.attention.labels import label
 from focus.attention.native import kernels_built
 
@@ -48,7 +49,8 @@ def _native_kernels(model: nn.Module, wanted: bool | None) -> bool:
 
 
 class FocusCache(GrowingCache):
-    """A `DynamicCache` (appending in place: `GrowingCache`) that keeps a `GroupIndex` per Focus layer and hands it
+    """A `DynamicCache` (appending in place: `GrowingCache`) that keeps a `GroupIndex` per Focus layer (the per-key
+    indexer's layers: their keys' codes, `KeyCodes`) and hands it
     to that layer's attention call.
 
     Sliding-window cache layers (their old keys leave the cache) are not indexed: they take the dense path.
@@ -69,7 +71,7 @@ class FocusCache(GrowingCache):
         self.focus_modules = {m.layer_idx: m for m in model.modules() if hasattr(m, "focus_config")}
         if not self.focus_modules:
             raise ValueError("FocusCache needs a model with Focus; call apply_focus first")
-        self.indexes: dict[int, GroupIndex] = {}
+        self.indexes: dict[int, GroupIndex | KeyCodes] = {}
         self.scratch = ScratchRows()  # the layers attend one after another: one gather buffer serves them all
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
@@ -78,10 +80,13 @@ class FocusCache(GrowingCache):
         if module is not None and not self.layers[layer_idx].is_sliding:
             if layer_idx not in self.indexes:
                 config = module.focus_config
-                self.indexes[layer_idx] = GroupIndex(
-                    keys.shape[0], keys.shape[1], config.num_groups, config.top_k, config.sink_tokens, keys.device,
-                    self.scratch, self.native,
-                )
+                if config.selector == "indexer":  # its keys' codes, not groups
+                    self.indexes[layer_idx] = KeyCodes(keys.shape[0], keys.shape[1], config.indexer_rank, keys.device)
+                else:
+                    self.indexes[layer_idx] = GroupIndex(
+                        keys.shape[0], keys.shape[1], config.num_groups, config.top_k, config.sink_tokens,
+                        keys.device, self.scratch, self.native,
+                    )
             setattr(module, CACHE_INDEX_ATTRIBUTE, self.indexes[layer_idx])
         return keys, values
 
@@ -98,7 +103,7 @@ class FocusCache(GrowingCache):
     def batch_repeat_interleave(self, repeats: int):
         super().batch_repeat_interleave(repeats)
         for index in self.indexes.values():
-            rows = torch.arange(index.counts.shape[0], device=index.counts.device).repeat_interleave(repeats)
+            rows = torch.arange(index.batch, device=index.device).repeat_interleave(repeats)
             index.select_rows(rows)
 
     def reset(self):
@@ -118,7 +123,7 @@ class FocusCache(GrowingCache):
         return sum(index.nbytes() for index in self.indexes.values())
 
 
-def take_cache_index(module: nn.Module) -> GroupIndex | None:
+def take_cache_index(module: nn.Module) -> GroupIndex | KeyCodes | None:
     """The index `FocusCache.update` handed to this call, removed from the module so no later call reuses it."""
     index = getattr(module, CACHE_INDEX_ATTRIBUTE, None)
     if index is not None:

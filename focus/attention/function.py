@@ -19,7 +19,8 @@ from focus.attention.decoding import index_new_keys, masked_decode_attention, sp
 from focus.attention.decomposed import decomposed_hard_attention
 from focus.attention.facts import CallFacts
 from focus.attention.group_index import GroupIndex
-from focus.attention.indexer import indexer_loss
+from focus.attention.indexer import indexer_decode_attention, indexer_loss, key_codes
+from focus.attention.key_codes import KeyCodes
 from focus.attention.labels import label
 from focus.attention.native import ROUTE_QUERIES, kernels
 from focus.attention.planning import Plan, plan
@@ -112,6 +113,13 @@ def _attend(module, query, key, value, attention_mask, scaling, dropout, softcap
         sinks = sink_keys(valid, k_len, config.sink_tokens, key.device) if config.sink_tokens else None
         _keep_recall_loss(module, indexer_loss(module, query, key, base_mask, sinks, scaling, softcap))
         return call.unmodified()
+    if isinstance(index, KeyCodes):  # the indexer's codes of the keys that just arrived, whatever attends
+        past = k_len - query.shape[-2]
+        index.extend(key_codes(module, key[:, :, past:]), past)
+        if chosen.kernel == "indexer_step":
+            with label("focus/indexer_step"):
+                return indexer_decode_attention(module, query, key, value, index.codes, base_mask, scaling)
+        index = None  # (no groups to index)
     if chosen.router in SELECTORS or chosen.router == "indexer":  # no groups, no index
         with label("focus/selected"):
             allowed = selected_pairs(module, query, key, base_mask, position_ids)
@@ -161,7 +169,9 @@ def _keep_recall_loss(module: nn.Module, loss: torch.Tensor) -> None:
     kept.append(loss)
 
 
-def call_facts(module: nn.Module, call: AttentionCall, index: GroupIndex | None, traced: bool) -> CallFacts:
+def call_facts(
+    module: nn.Module, call: AttentionCall, index: GroupIndex | KeyCodes | None, traced: bool
+) -> CallFacts:
     """The facts of one call that its plan depends on (`focus.attention.planning.CallFacts`)."""
     query, key = call.query, call.key
     q_len, k_len = query.shape[-2], key.shape[-2]

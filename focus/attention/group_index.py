@@ -54,6 +54,14 @@ class GroupIndex:
                          if num_groups <= GROUP_BITS else None)
         self.listed = 0
 
+    @property
+    def batch(self) -> int:
+        return self._counts.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self._counts.device
+
     def extend(self, groups: torch.Tensor, valid: torch.Tensor | None) -> None:
         """Index the next keys: `groups` (B, K, n, top_k) their group ids, `valid` (B, n) False for padding."""
         b, k_heads, n, _ = groups.shape
@@ -83,9 +91,9 @@ class GroupIndex:
 
     def reserve(self, length: int) -> None:
         """Room for `length` keys in the per-key buffers (`key_groups`, `key_bits`)."""
-        self.key_groups = _reserve(self.key_groups, 2, length)
+        self.key_groups = with_room(self.key_groups, 2, length)
         if self.key_bits is not None:
-            self.key_bits = _reserve(self.key_bits, 2, length, fill=0)
+            self.key_bits = with_room(self.key_bits, 2, length, fill=0)
 
     @property
     def sinks_found(self) -> bool:
@@ -120,8 +128,8 @@ class GroupIndex:
         total = int(extra.sum())
         if total == 0:
             return
-        self.page_table = _reserve(self.page_table, 3, int(need.max()), fill=0)
-        self.pages = _reserve(self.pages, 0, self.used_pages + total)
+        self.page_table = with_room(self.page_table, 3, int(need.max()), fill=0)
+        self.pages = with_room(self.pages, 0, self.used_pages + total)
         device = extra.device
         owner = torch.repeat_interleave(torch.arange(extra.numel(), device=device), extra)  # (total,) list of each
         rank = torch.arange(total, device=device) - (extra.cumsum(0) - extra)[owner]  # its place among the new pages
@@ -199,7 +207,7 @@ def _pages_for(counts: torch.Tensor) -> torch.Tensor:
     return (counts + PAGE - 1) // PAGE
 
 
-def _reserve(buffer: torch.Tensor, dim: int, needed: int, fill: int = -1) -> torch.Tensor:
+def with_room(buffer: torch.Tensor, dim: int, needed: int, fill: int = -1) -> torch.Tensor:
     """`buffer` with room for `needed` entries along `dim`: itself, or a copy grown by an eighth (new room `fill`)."""
     have = buffer.shape[dim]
     if needed <= have:

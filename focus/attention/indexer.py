@@ -20,10 +20,14 @@ Shapes: B batch, H query heads, K key/value heads, R = H / K, Q queries, L keys,
 
 from __future__ import annotations
 
+import math
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from focus.attention.reference import local_pairs, model_allowed
+from focus.attention.routing import sink_keys
 
 QUERY_WEIGHTS = "focus_indexer_query"
 KEY_WEIGHTS = "focus_indexer_key"
@@ -42,6 +46,71 @@ def indexer_scores(module: nn.Module, query: torch.Tensor, key: torch.Tensor) ->
     if module.focus_config.route_queries == "kv_head":
         return scores.mean(dim=2)
     return scores.flatten(1, 2)
+
+
+def key_codes(module: nn.Module, key: torch.Tensor) -> torch.Tensor:
+    """(B, K, L, r) float32 the index codes `k W_k[kv]` of keys (B, K, L, D), as `indexer_scores` computes them: what a
+    `FocusCache` keeps per key (`focus.attention.key_codes.KeyCodes`)."""
+    return torch.einsum("bkld,kdr->bklr", key.detach().float(), getattr(module, KEY_WEIGHTS))
+
+
+def indexer_decode_attention(
+    module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, codes: torch.Tensor,
+    base_mask: torch.Tensor | None, scaling: float | None,
+) -> torch.Tensor:
+    """One decoding step of an indexer layer (B, H, 1, D): the query's window, its sinks and the `budget` share of its
+    distant keys with the highest index scores, read by index, not under a mask over the cache.
+
+    The scores are the cached `codes` (B, K, L, r) against the query's code (r numbers per head, not D per key); the
+    kept keys are gathered (window and sinks by position, distant ones by top-k) and attended by SDPA with the query
+    heads of a key/value head as its queries. The pairs are `selectors.selected_pairs`' for the indexer; ties at the
+    threshold, which floats make rare, keep one key fewer there. base_mask (B, 1, 1, L) the keys the model allows.
+    """
+    config = module.focus_config
+    b, heads, _, d = query.shape
+    k_heads, k_len = key.shape[1], key.shape[2]
+    r = heads // k_heads
+    q = torch.einsum("bhd,hdr->bhr", query[:, :, -1].float(), getattr(module, QUERY_WEIGHTS))
+    scores = torch.einsum("bkgr,bklr->bkgl", q.unflatten(1, (k_heads, r)), codes) * d**-0.5  # (B, K, R, L)
+    if config.route_queries == "kv_head":
+        scores = scores.mean(dim=2, keepdim=True)  # (B, K, 1, L): one selection per key/value head
+    valid = None if base_mask is None else base_mask[:, 0, -1, :k_len].bool()  # (B, L)
+    window = min(config.window, k_len)
+    start = k_len - window  # the window: the last `window` keys
+    sinks = sink_keys(valid, k_len, config.sink_tokens, key.device) if config.sink_tokens else None
+    distant = torch.ones(1, k_len, dtype=torch.bool, device=key.device) if valid is None else valid.clone()
+    distant[:, start:] = False
+    if sinks is not None:
+        distant &= ~sinks
+    need = torch.ceil(config.budget * distant.sum(dim=-1).double()).long()  # (B or 1,)
+    top = max(int(need.max()), 1)
+    ranked = scores.masked_fill(~distant[:, None, None], float("-inf")).topk(min(top, k_len), dim=-1)
+    kept = (torch.arange(ranked.indices.shape[-1], device=key.device) < need[:, None, None, None]) & (
+        ranked.values > float("-inf"))
+    parts, masks = [ranked.indices], [kept]
+    positions = torch.arange(start, k_len, device=key.device).expand(*ranked.indices.shape[:-1], window)
+    parts.append(positions)
+    masks.append(torch.ones_like(positions, dtype=torch.bool) if valid is None
+                 else valid[:, None, None, start:].expand_as(positions))
+    if sinks is not None:
+        early = sinks[:, :start]  # sinks inside the window are the window's already
+        count = min(config.sink_tokens, early.shape[-1])
+        if count:
+            first = early.int().topk(count, dim=-1)
+            parts.append(first.indices[:, None, None].expand(*ranked.indices.shape[:-1], count))
+            masks.append((first.values > 0)[:, None, None].expand(*ranked.indices.shape[:-1], count))
+    index = torch.cat(parts, dim=-1)  # (B, K, G, n), G = 1 (kv_head) or R
+    mask = torch.cat(masks, dim=-1).expand_as(index)
+    groups, n = index.shape[2], index.shape[3]
+    flat = index.expand(b, -1, -1, -1).reshape(b, k_heads, groups * n, 1).expand(-1, -1, -1, d)
+    keys = key.gather(2, flat).view(b, k_heads, groups, n, d)
+    values = value.gather(2, flat).view(b, k_heads, groups, n, d)
+    queries = query[:, :, -1].reshape(b, k_heads, r, 1, d)
+    if groups == 1:
+        queries = queries.transpose(2, 3)  # (B, K, 1, R, D): the query heads as one selection's queries
+    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask.expand(b, -1, -1, -1)[..., None, :],
+                                         scale=scaling if scaling is not None else 1 / math.sqrt(d))
+    return out.reshape(b, heads, 1, d)
 
 
 def top_scored(scores: torch.Tensor, distant: torch.Tensor, need: torch.Tensor) -> torch.Tensor:

@@ -21,22 +21,28 @@ from focus.config import FocusConfig
 
 @dataclass(frozen=True)
 class Kernel:
-    """One row: `name` (what `Plan.kernel` says), `text` (what it computes), `steps_only` (it computes only a decoding
-    step: a row for other calls is not asked), `declines(config, facts)` (why not this call; None: it takes it) and
-    `takes` (what it is chosen for where nothing above it declined)."""
+    """One row: `name` (what `Plan.kernel` says), `text` (what it computes), `declines(config, facts)` (why not this
+    call; None: it takes it), `takes` (what it is chosen for), `steps_only` (it computes only a decoding step: it is
+    not asked about other calls) and `selector` (it computes only this router's selection: it is not asked about
+    another's)."""
 
     name: str
     text: str
     declines: Callable[[FocusConfig, CallFacts], str | None]
     takes: str
     steps_only: bool = False
+    selector: str | None = None
 
 
 def fast_path_blocker(config: FocusConfig, facts: CallFacts) -> str | None:
-    """Why no fast kernel (a decomposition, a decoding step) can compute the call: what every row but the dense masked
-    one declines."""
+    """Why no kernel of the groups (a decomposition, a decoding step) can compute the call."""
     if config.selector != "centroids":
         return f"selector {config.selector!r}: its keys differ per query and fit no group index"
+    return _pattern_blocker(facts)
+
+
+def _pattern_blocker(facts: CallFacts) -> str | None:
+    """Why no kernel but the dense masked one can compute the call, whatever routes it."""
     if facts.switch == "dense":
         return "the fast-path switch is 'dense'"
     if facts.softcap:
@@ -59,6 +65,16 @@ def _step_blocker(config: FocusConfig, facts: CallFacts) -> str | None:
 def _pays(config: FocusConfig, facts: CallFacts) -> bool:
     routing_heads = facts.k_heads if config.route_queries == "kv_head" else facts.heads
     return sparse_step_pays(config.num_groups, config.top_k, routing_heads, facts.k_heads, facts.keys)
+
+
+def _indexer_step(config: FocusConfig, facts: CallFacts) -> str | None:
+    if blocker := _pattern_blocker(facts):
+        return blocker
+    if config.dense_heads:
+        return "dense heads (FocusConfig.dense_heads)"
+    if not facts.index_current:
+        return "the key codes are behind the cache"
+    return None
 
 
 def _native_step(config: FocusConfig, facts: CallFacts) -> str | None:
@@ -140,6 +156,9 @@ def _decomposed_torch(config: FocusConfig, facts: CallFacts) -> str | None:
 
 
 KERNEL_TABLE: tuple[Kernel, ...] = (
+    Kernel("indexer_step", "a decoding step of the per-key indexer: every distant key scored from its cached code, the "
+           "top ones gathered with the window and the sinks", _indexer_step, "the indexer's step", steps_only=True,
+           selector="indexer"),
     Kernel("native_step", "a decoding step as one native CPU call: routing, index upkeep, the kept keys' attention",
            _native_step, "a native FocusCache's step on the CPU", steps_only=True),
     Kernel("masked_step", "a decoding step over every cached key under the mask the index's group bits make",
@@ -160,10 +179,10 @@ KERNEL_TABLE: tuple[Kernel, ...] = (
 
 def choose_kernel(config: FocusConfig, facts: CallFacts) -> tuple[Kernel, tuple[tuple[str, str], ...]]:
     """The first row of `KERNEL_TABLE` that takes the call, and the (name, reason) of each row before it that declined
-    (rows that compute only decoding steps are not asked about other calls)."""
+    (rows for decoding steps only, or for another selector, are not asked)."""
     declined = []
     for kernel in KERNEL_TABLE:
-        if kernel.steps_only and not facts.decoding_step:
+        if (kernel.steps_only and not facts.decoding_step) or kernel.selector not in (None, config.selector):
             continue
         reason = kernel.declines(config, facts)
         if reason is None:

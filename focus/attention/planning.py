@@ -184,6 +184,10 @@ SCENARIOS = [  # (what the user does, FocusConfig changes from hard top-2 query 
     ("a training-free peer at the same budget: selector='quest'", {"selector": "quest"},
      dict(queries=4096, keys=4096), "auto"),
     ("its decoding step", {"selector": "quest"}, dict(queries=1, keys=4096, cache="native"), "auto"),
+    ("the per-key indexer (selector='indexer'), a prompt of 4K", {"selector": "indexer"},
+     dict(queries=4096, keys=4096, cache="eager"), "auto"),
+    ("its decoding step, from the cached key codes", {"selector": "indexer"},
+     dict(queries=1, keys=4096, cache="eager"), "auto"),
     ("the switch pinned to the oracle: fast_path('dense')", {}, dict(queries=4096, keys=4096), "dense"),
     ("fast_path('torch'), a FocusCache prompt", {}, dict(queries=4096, keys=4096, cache="native"), "torch"),
 ]
@@ -198,8 +202,8 @@ that decides (`tests/test_planning.py` checks that this file is its output). A l
 heads of 64), on the CPU, except where a row says otherwise. Ask for any other call with
 `focus.attention.explain(model, keys=..., queries=..., cache=...)`. The kernels of hard Focus are the rows of
 `focus.attention.kernel_table.KERNEL_TABLE`, asked in the order listed at the end: the first that does not decline
-computes the call, and "declined" says why each one before it did (rows that compute only a decoding step are not
-asked about other calls).
+computes the call, and "declined" says why each one before it did (rows that compute only a decoding step, or only
+one selector's, are not asked about other calls).
 """
 
 
