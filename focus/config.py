@@ -222,6 +222,12 @@ class FocusConfig:
         default=0.3,
         metadata={"help": "The share of each query's distant keys a `selector` other than 'centroids' keeps (0 to 1)."},
     )
+    budget_keys: int = field(
+        default=0,
+        metadata={"help": "A `selector` other than 'centroids' keeps this many of each query's distant keys instead "
+                          "of the share `budget` (all where it has fewer; DSA keeps 2,048 at any length; 0 = the "
+                          "share)."},
+    )
     indexer_rank: int = field(
         default=16,
         metadata={"help": "selector='indexer': dimensions of the low-rank query and key projections per head."},
@@ -291,6 +297,8 @@ class FocusConfig:
             raise ConfigError(f"FocusConfig.indexer_rank must be >= 1, got {self.indexer_rank}")
         if not 0 <= self.budget <= 1:
             raise ConfigError(f"FocusConfig.budget must be in [0, 1], got {self.budget}")
+        if self.budget_keys < 0:
+            raise ConfigError(f"FocusConfig.budget_keys must be >= 0 (0: the share `budget`), got {self.budget_keys}")
         if not (self.distill >= 0 and math.isfinite(self.distill)):
             raise ConfigError(f"FocusConfig.distill must be a finite number >= 0, got {self.distill}")
         if not 0 < self.gate_floor < 1:

@@ -334,3 +334,23 @@ def test_generate_with_the_indexer_steps_through_its_key_codes_as_the_dense_path
     torch.testing.assert_close(torch.stack(out.logits), torch.stack(dense.logits), atol=1e-5, rtol=1e-5)
     codes = next(iter(cache.indexes.values()))
     assert isinstance(codes, KeyCodes) and codes.length == 45 and codes.codes.shape == (2, 2, 45, 4)
+
+
+def test_a_count_of_keys_per_query_replaces_the_share():
+    """`budget_keys`: each query keeps that many distant keys (all where it has fewer), in the selection and the step."""
+    from focus.attention.indexer import distant_need, indexer_decode_attention, key_codes
+    from focus.attention.reference import dense_attention
+
+    config = FocusConfig(selector="indexer", budget=0.3, budget_keys=4)
+    assert distant_need(config, torch.tensor([0, 3, 4, 100])).tolist() == [0, 3, 4, 4]
+    assert distant_need(config.replace(budget_keys=0), torch.tensor([10])).tolist() == [3]
+    with pytest.raises(ConfigError, match="budget_keys must be >= 0"):
+        FocusConfig(budget_keys=-1)
+    layer = Layer(route_queries="kv_head", budget_keys=5)
+    query, key = case(seed=6, length=30)
+    value = torch.randn_like(key)
+    step = query[:, :, -1:]
+    pairs = selected_pairs(layer, step, key, None, None)
+    assert (pairs.sum(dim=-1) == 5 + WINDOW + 1).all()  # the count, the window, the sink
+    torch.testing.assert_close(indexer_decode_attention(layer, step, key, value, key_codes(layer, key), None, None),
+                               dense_attention(step, key, value, pairs, None, 8**-0.5), atol=1e-6, rtol=1e-5)

@@ -28,6 +28,7 @@ from torch import nn
 
 from focus.attention.reference import local_pairs, model_allowed
 from focus.attention.routing import sink_keys
+from focus.config import FocusConfig
 
 QUERY_WEIGHTS = "focus_indexer_query"
 KEY_WEIGHTS = "focus_indexer_key"
@@ -82,7 +83,7 @@ def indexer_decode_attention(
     distant[:, start:] = False
     if sinks is not None:
         distant &= ~sinks
-    need = torch.ceil(config.budget * distant.sum(dim=-1).double()).long()  # (B or 1,)
+    need = distant_need(config, distant.sum(dim=-1))  # (B or 1,)
     top = max(int(need.max()), 1)
     ranked = scores.masked_fill(~distant[:, None, None], float("-inf")).topk(min(top, k_len), dim=-1)
     kept = (torch.arange(ranked.indices.shape[-1], device=key.device) < need[:, None, None, None]) & (
@@ -111,6 +112,14 @@ def indexer_decode_attention(
     out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask.expand(b, -1, -1, -1)[..., None, :],
                                          scale=scaling if scaling is not None else 1 / math.sqrt(d))
     return out.reshape(b, heads, 1, d)
+
+
+def distant_need(config: FocusConfig, distant: torch.Tensor) -> torch.Tensor:
+    """How many of its `distant` (a count per query, any shape) keys each query keeps: `config.budget_keys` of them
+    where set (all where it has fewer), else the share `config.budget` rounded up."""
+    if config.budget_keys:
+        return distant.clamp_max(config.budget_keys).long()
+    return torch.ceil(config.budget * distant.double()).long()
 
 
 def top_scored(scores: torch.Tensor, distant: torch.Tensor, need: torch.Tensor) -> torch.Tensor:

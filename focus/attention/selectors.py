@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from focus.attention.indexer import indexer_scores, top_scored
+from focus.attention.indexer import distant_need, indexer_scores, top_scored
 from focus.attention.reference import local_pairs, model_allowed, per_head
 from focus.attention.routing import dense_heads, key_positions, route_call, routing_vectors, sink_keys
 
@@ -53,7 +53,7 @@ def selected_pairs(
     if sinks is not None:
         free = free | sinks[:, None, None, :]
     distant = allowed & ~free
-    need = torch.ceil(config.budget * distant.sum(dim=-1, keepdim=True).double()).long()  # (B or 1, 1, Q, 1)
+    need = distant_need(config, distant.sum(dim=-1, keepdim=True))  # (B or 1, 1, Q, 1)
     if config.selector == "streaming":
         kept = recent_keys(distant, need)
     elif config.selector == "quest":
