@@ -337,7 +337,8 @@ def test_generate_with_the_indexer_steps_through_its_key_codes_as_the_dense_path
 
 
 def test_a_count_of_keys_per_query_replaces_the_share():
-    """`budget_keys`: each query keeps that many distant keys (all where it has fewer), in the selection and the step."""
+    """`budget_keys`: each query keeps that many distant keys (all where it has fewer), in the selection and the
+    step."""
     from focus.attention.indexer import distant_need, indexer_decode_attention, key_codes
     from focus.attention.reference import dense_attention
 
