@@ -75,7 +75,7 @@ def main() -> None:
     frame = pd.DataFrame(rows)
     frame.to_csv(out / "indexer_step.csv", index=False)
     command = "python " + " ".join(sys.argv)
-    write_text(out / "indexer_step.md", f"*{provenance_line(command)}*\n\nOne SmolLM2-shaped layer (9/3 heads of 64), "
+    write_text(out / "indexer_step.md", f"{provenance_line(command)}\n\nOne SmolLM2-shaped layer (9/3 heads of 64), "
                f"window 128, 1 sink, indexer rank {args.rank}, one selection per key/value head, float32, median of "
                f"{args.repeats} rounds in turns; ms per step.\n\n{markdown_table(frame, '.3f')}\n")
 

@@ -12,6 +12,7 @@ from test_attention import make_inputs, make_layer, reference_attention, referen
 import focus.attention.decoding
 import focus.attention.function
 import focus.attention.group_index
+import focus.attention.kernel_runs
 import focus.attention.kernel_table
 from focus import FocusConfig
 from focus.attention.decoding import CACHE_INDEX_ATTRIBUTE
@@ -42,19 +43,19 @@ CASES = {
 
 @contextlib.contextmanager
 def counting_calls(name: str):
-    """Counts the calls of `focus.attention.function.<name>` (a plain counter: a Mock would keep every call's cache
+    """Counts the calls of `focus.attention.kernel_runs.<name>` (a plain counter: a Mock would keep every call's cache
     alive)."""
-    calls, step = [0], getattr(focus.attention.function, name)
+    calls, step = [0], getattr(focus.attention.kernel_runs, name)
 
     def counted(*args, **kwargs):
         calls[0] += 1
         return step(*args, **kwargs)
 
-    setattr(focus.attention.function, name, counted)
+    setattr(focus.attention.kernel_runs, name, counted)
     try:
         yield calls
     finally:
-        setattr(focus.attention.function, name, step)
+        setattr(focus.attention.kernel_runs, name, step)
 
 
 def counting_sparse_steps():

@@ -285,7 +285,7 @@ def test_hard_focus_model_logits_equal_the_dense_path(family, route_queries, mon
     padding, for every family (Mistral's and Gemma's own sliding windows and Gemma 2's soft-capping take the dense
     path by design: the decomposition is only used where the model mask is causal plus padding)."""
     from focus import FocusConfig, apply_focus
-    from focus.attention import function as focus_attention_module
+    from focus.attention import kernel_runs
     from focus.models import tiny_model
 
     model = tiny_model(family, seed=0)
@@ -296,8 +296,8 @@ def test_hard_focus_model_logits_equal_the_dense_path(family, route_queries, mon
     apply_focus(model, FocusConfig(window=4, num_groups=4, top_k=2, mode="hard", route_queries=route_queries),
                 calibration_ids=ids)
     calls = []
-    original = focus_attention_module.decomposed_hard_attention
-    monkeypatch.setattr(focus_attention_module, "decomposed_hard_attention",
+    original = kernel_runs.decomposed_hard_attention
+    monkeypatch.setattr(kernel_runs, "decomposed_hard_attention",
                         lambda *args, **kwargs: calls.append(1) or original(*args, **kwargs))
     with torch.no_grad():
         fast = model(input_ids=ids, attention_mask=mask).logits

@@ -9,6 +9,7 @@ from test_attention import make_inputs, make_layer, reference_with_dense_heads, 
 from test_decoding import decode
 
 import focus.attention.function
+import focus.attention.kernel_runs
 import focus.attention.kernel_table
 from focus import FocusConfig, apply_focus, set_focus_mode
 from focus.attention.decoding import CACHE_INDEX_ATTRIBUTE, FocusCache
@@ -26,14 +27,16 @@ BELOW = {"inside the window": 3, "beyond the window": 20, "beyond the sequence":
 
 
 def counting(monkeypatch, name: str) -> list:
-    """Counts the calls of `focus.attention.function.<name>` (which path a call took)."""
-    calls, original = [], getattr(focus.attention.function, name)
+    """Counts the calls of `<name>` in `focus.attention.kernel_runs` (a kernel) or `focus.attention.function` (a
+    router): which path a call took."""
+    module = focus.attention.kernel_runs if hasattr(focus.attention.kernel_runs, name) else focus.attention.function
+    calls, original = [], getattr(module, name)
 
     def counted(*args, **kwargs):
         calls.append(1)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(focus.attention.function, name, counted)
+    monkeypatch.setattr(module, name, counted)
     return calls
 
 
@@ -143,7 +146,7 @@ def focus_model(family: str, **changes):
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_a_full_forward_and_decoding_through_a_focus_cache_switch_at_the_same_position(family, monkeypatch):
     model, ids, mask = focus_model(family)
-    native_steps, native_prompts = (counting(monkeypatch, name) for name in ("_native_decoding_step",
+    native_steps, native_prompts = (counting(monkeypatch, name) for name in ("native_decoding_step",
                                                                             "route_prompt_natively"))
     real = mask.bool()
     with torch.no_grad():

@@ -15,7 +15,7 @@ from focus.models import tiny_model
 
 def counting_native_steps():
     """Counts the native decoding steps."""
-    return counting_calls("_native_decoding_step")
+    return counting_calls("native_decoding_step")
 
 
 @pytest.fixture(autouse=True)

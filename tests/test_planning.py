@@ -9,6 +9,7 @@ from test_training import tiny_llama
 
 import focus.attention.decomposed
 import focus.attention.function
+import focus.attention.kernel_runs
 from focus import FocusConfig, apply_focus
 from focus.attention import CallFacts, explain, plan
 from focus.attention.decoding import FocusCache
@@ -81,10 +82,10 @@ def test_what_runs_is_the_plan(native, monkeypatch):
         monkeypatch.setattr(module, name, counted)
 
     monkeypatch.setattr(focus.attention.function, "plan", recording)
-    counting(focus.attention.function, "_native_decoding_step", "native_step")
-    counting(focus.attention.function, "masked_decode_attention", "masked_step")
-    counting(focus.attention.function, "sparse_decode_attention", "sparse_step")
-    counting(focus.attention.function, "decomposed_hard_attention",
+    counting(focus.attention.kernel_runs, "native_decoding_step", "native_step")
+    counting(focus.attention.kernel_runs, "masked_decode_attention", "masked_step")
+    counting(focus.attention.kernel_runs, "sparse_decode_attention", "sparse_step")
+    counting(focus.attention.kernel_runs, "decomposed_hard_attention",
              lambda args, kwargs: "decomposed_" + (args[8] if len(args) > 8 else kwargs["backend"]))
     with torch.no_grad():
         model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=6, min_new_tokens=6,
@@ -115,11 +116,23 @@ def test_the_kernel_is_the_first_row_that_does_not_decline_and_every_refusal_is_
     def takes_long_prompts(config, facts):
         return None if facts.keys >= 2048 else "shorter than 2048 keys"
 
-    row = table.Kernel("long_prompts", "a kernel for long prompts", takes_long_prompts, "a long prompt")
+    ran = []
+
+    def run(state, call):
+        ran.append(call.query.shape[-2])
+        return call.unmodified()
+
+    row = table.Kernel("long_prompts", "a kernel for long prompts", takes_long_prompts, "a long prompt", run)
     monkeypatch.setattr(table, "KERNEL_TABLE", (*table.KERNEL_TABLE[:3], row, *table.KERNEL_TABLE[3:]))
     assert plan(config, CallFacts(queries=4096, keys=4096)).kernel == "long_prompts"
     short = plan(config, CallFacts(queries=1024, keys=1024))
     assert short.kernel == "decomposed_torch" and ("long_prompts", "shorter than 2048 keys") in short.declined
+    model = tiny_llama()  # and what the plan chooses is what runs, with the call's state passed in
+    apply_focus(model, config.replace(num_groups=4, window=4), calibration_ids=torch.randint(0, 128, (1, 32)))
+    monkeypatch.setattr(table, "KERNEL_TABLE", (row, *table.KERNEL_TABLE))
+    with torch.no_grad():
+        model(torch.randint(0, 128, (1, 2048 + 8)))
+    assert ran == [2056] * model.config.num_hidden_layers
 
 
 def test_the_fast_path_switch_is_a_fact_of_the_call():

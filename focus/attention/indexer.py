@@ -103,9 +103,8 @@ def indexer_decode_attention(
     index = torch.cat(parts, dim=-1)  # (B, K, G, n), G = 1 (kv_head) or R
     mask = torch.cat(masks, dim=-1).expand_as(index)
     groups, n = index.shape[2], index.shape[3]
-    flat = index.expand(b, -1, -1, -1).reshape(b, k_heads, groups * n, 1).expand(-1, -1, -1, d)
-    keys = key.gather(2, flat).view(b, k_heads, groups, n, d)
-    values = value.gather(2, flat).view(b, k_heads, groups, n, d)
+    index = index.expand(b, -1, -1, -1)
+    keys, values = (_rows(x, index).view(b, k_heads, groups, n, d) for x in (key, value))
     queries = query[:, :, -1].reshape(b, k_heads, r, 1, d)
     if groups == 1:
         queries = queries.transpose(2, 3)  # (B, K, 1, R, D): the query heads as one selection's queries
@@ -120,6 +119,15 @@ def distant_need(config: FocusConfig, distant: torch.Tensor) -> torch.Tensor:
     if config.budget_keys:
         return distant.clamp_max(config.budget_keys).long()
     return torch.ceil(config.budget * distant.double()).long()
+
+
+def _rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """(B, K, G * n, D) the rows `index` (B, K, G, n) of each (batch row, head) of x (B, K, L, D), a cache's view:
+    index_select per head (several times faster than `gather` with an index expanded over D, and no copy of a
+    cache that is a view into a larger buffer)."""
+    b, k_heads = index.shape[:2]
+    return torch.stack([x[i, k].index_select(0, index[i, k].flatten()) for i in range(b) for k in range(k_heads)]
+                       ).view(b, k_heads, -1, x.shape[-1])
 
 
 def top_scored(scores: torch.Tensor, distant: torch.Tensor, need: torch.Tensor) -> torch.Tensor:

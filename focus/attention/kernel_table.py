@@ -12,6 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import torch
+
+import focus.attention.kernel_runs as runs
+from focus.attention.call import AttentionCall, CallState
 from focus.attention.facts import CallFacts
 from focus.attention.group_bits import GROUP_BITS
 from focus.attention.native import MAX_DIM as NATIVE_MAX_DIM
@@ -22,7 +26,8 @@ from focus.config import FocusConfig
 @dataclass(frozen=True)
 class Kernel:
     """One row: `name` (what `Plan.kernel` says), `text` (what it computes), `declines(config, facts)` (why not this
-    call; None: it takes it), `takes` (what it is chosen for), `steps_only` (it computes only a decoding step: it is
+    call; None: it takes it), `takes` (what it is chosen for), `run(state, call)` (the call computed,
+    `focus.attention.kernel_runs`), `steps_only` (it computes only a decoding step: it is
     not asked about other calls) and `selector` (it computes only this router's selection: it is not asked about
     another's)."""
 
@@ -30,6 +35,7 @@ class Kernel:
     text: str
     declines: Callable[[FocusConfig, CallFacts], str | None]
     takes: str
+    run: Callable[[CallState, AttentionCall], torch.Tensor]
     steps_only: bool = False
     selector: str | None = None
 
@@ -157,22 +163,25 @@ def _decomposed_torch(config: FocusConfig, facts: CallFacts) -> str | None:
 
 KERNEL_TABLE: tuple[Kernel, ...] = (
     Kernel("indexer_step", "a decoding step of the per-key indexer: every distant key scored from its cached code, the "
-           "top ones gathered with the window and the sinks", _indexer_step, "the indexer's step", steps_only=True,
-           selector="indexer"),
+           "top ones gathered with the window and the sinks", _indexer_step, "the indexer's step",
+           runs.run_indexer_step, steps_only=True, selector="indexer"),
     Kernel("native_step", "a decoding step as one native CPU call: routing, index upkeep, the kept keys' attention",
-           _native_step, "a native FocusCache's step on the CPU", steps_only=True),
+           _native_step, "a native FocusCache's step on the CPU", runs.run_native_step, steps_only=True),
     Kernel("masked_step", "a decoding step over every cached key under the mask the index's group bits make",
-           _masked_step, "a decoding step, below the sparse step's break-even", steps_only=True),
+           _masked_step, "a decoding step, below the sparse step's break-even", runs.run_masked_step, steps_only=True),
     Kernel("sparse_step", "a decoding step over the keys of the query's groups, read through the index's group lists",
-           _sparse_step, "a decoding step through the group lists", steps_only=True),
+           _sparse_step, "a decoding step through the group lists", runs.run_sparse_step, steps_only=True),
     Kernel("decomposed_native", "the query-routed decomposition as four native CPU calls (band, segments, "
-           "rectangles, merge)", _decomposed_native, "a native FocusCache's prompt on the CPU, query-routed"),
+           "rectangles, merge)", _decomposed_native, "a native FocusCache's prompt on the CPU, query-routed",
+           runs.run_decomposed_native),
     Kernel("decomposed_flash", "the decomposition, every group segment in one flash-attn varlen call (CUDA)",
-           _decomposed_flash, "a whole sequence through flash-attn (on CUDA where it is installed, or pinned)"),
+           _decomposed_flash, "a whole sequence through flash-attn (on CUDA where it is installed, or pinned)",
+           runs.run_decomposed_flash),
     Kernel("decomposed_torch", "the decomposition (focus.attention.decomposed): a band and group segments, PyTorch "
-           "kernels", _decomposed_torch, "a whole sequence"),
+           "kernels", _decomposed_torch, "a whole sequence", runs.run_decomposed_torch),
     Kernel("dense_masked", "PyTorch SDPA under the Focus mask over every pair (the oracle, "
-           "`focus.attention.reference`)", lambda config, facts: None, "the reference, which computes every call"),
+           "`focus.attention.reference`)", lambda config, facts: None, "the reference, which computes every call",
+           runs.run_dense_masked),
 )
 """Every kernel of hard Focus, in the order the plan asks them."""
 
@@ -189,3 +198,8 @@ def choose_kernel(config: FocusConfig, facts: CallFacts) -> tuple[Kernel, tuple[
             return kernel, tuple(declined)
         declined.append((kernel.name, reason))
     raise AssertionError("the dense masked kernel takes every call")
+
+
+def kernel_row(name: str) -> Kernel:
+    """The row of `KERNEL_TABLE` named `name` (a plan's kernel)."""
+    return next(kernel for kernel in KERNEL_TABLE if kernel.name == name)
