@@ -9,9 +9,9 @@ from focus.attention.decomposed import (
     pair_counts,
     theoretical_ratio,
 )
+from focus.attention.facts import decomposition_backend
 from focus.attention.fast_path import current_fast_path, fast_path, use_fast_path
 from focus.attention.native import native_routed_prefill
-from focus.attention.facts import decomposition_backend
 from focus.attention.reference import causal_pairs, dense_attention, hard_allowed
 from focus.attention.routing import sink_keys
 
