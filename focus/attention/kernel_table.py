@@ -1,5 +1,6 @@
-"""The kernels of hard Focus as rows of one ordered table, fastest first: each says why it declines a call, the plan
-(`focus.attention.planning`) takes the first that does not and keeps every refusal (`Plan.declined`).
+"""The kernels of hard Focus as rows of one ordered table, each the fastest for the calls the rows above it decline:
+each says why it declines a call, the plan (`focus.attention.planning`) takes the first that does not and keeps every
+refusal (`Plan.declined`); the row then runs the call (`run(state, call)`, `focus.attention.kernel_runs`).
 
 As PyTorch's `sdp_utils` and xformers' dispatch do it: a kernel's conditions live in its row, not in the planner, so a
 new kernel (a router's own prefill or step) is a new row and nothing else changes; `explain` and
@@ -27,9 +28,8 @@ from focus.config import FocusConfig
 class Kernel:
     """One row: `name` (what `Plan.kernel` says), `text` (what it computes), `declines(config, facts)` (why not this
     call; None: it takes it), `takes` (what it is chosen for), `run(state, call)` (the call computed,
-    `focus.attention.kernel_runs`), `steps_only` (it computes only a decoding step: it is
-    not asked about other calls) and `selector` (it computes only this router's selection: it is not asked about
-    another's)."""
+    `focus.attention.kernel_runs`), `steps_only` (it computes only a decoding step: it is not asked about other
+    calls) and `selector` (it computes only this router's selection: it is not asked about another's)."""
 
     name: str
     text: str
