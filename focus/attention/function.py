@@ -150,7 +150,7 @@ def _keep_recall_loss(module: nn.Module, loss: torch.Tensor) -> None:
 def call_facts(
     module: nn.Module, call: AttentionCall, index: GroupIndex | KeyCodes | None, traced: bool
 ) -> CallFacts:
-    """The facts of one call that its plan depends on (`focus.attention.planning.CallFacts`)."""
+    """The facts of one call that its plan depends on (`focus.attention.facts.CallFacts`)."""
     query, key = call.query, call.key
     q_len, k_len = query.shape[-2], key.shape[-2]
     current = left_padded = True
