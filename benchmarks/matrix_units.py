@@ -21,6 +21,7 @@ import torch
 from focus import load_focus, remove_focus, set_focus_mode
 from focus.artifacts import markdown_table
 from focus.attention.decoding import FocusCache
+from focus.attention.facts import use_matrix_units
 from focus.attention.growing_cache import GrowingCache
 from focus.attention.native import kernels
 from focus.data import load_corpus, tokenize_corpus
@@ -65,13 +66,12 @@ def main() -> None:
                             if not has_focus(model):
                                 load_focus(model, args.adapter)
                                 set_focus_mode(model, "hard", top_k=top_k)
-                            ext.matrix_units(side == "matrix_units")
                             cache = FocusCache(model, native=True)
                         before, tic = clock["seconds"], time.perf_counter()
-                        model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+                        with use_matrix_units(side != "vector_units"):  # a fact of the plan: its row says which
+                            model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
                         seconds[side].append(time.perf_counter() - tic)
                         attention[side].append(clock["seconds"] - before)
-            ext.matrix_units(True)
             if has_focus(model):
                 remove_focus(model)
             median = {side: sorted(seconds[side])[args.rounds // 2] for side in SIDES}

@@ -87,12 +87,9 @@ def bfloat16_units(request):
     without them) or on the vector units (`csrc/rectangle.cpp`, as on every other CPU)."""
     from focus.attention.native import kernels
 
-    ext = kernels()
-    if request.param and not ext.matrix_units():
+    if request.param and not kernels().matrix_units():
         pytest.skip("this CPU has no bfloat16 matrix units (AMX)")
-    ext.matrix_units(request.param)
-    yield request.param
-    ext.matrix_units(True)
+    return request.param
 
 
 @pytest.mark.parametrize("routing", ["query", "kv_head"])
@@ -115,7 +112,7 @@ def test_native_bfloat16_error_within_twice_the_reference_error(case, routing, b
     low = [t.bfloat16() for t in (query, key, value)]
     dense = reference(*low, groups, spec["num_groups"], window, valid, sinks, query_groups=per_query_head)
     ours = native_routed_prefill(*low, query_groups.sort(dim=-1)[0], groups.sort(dim=-1)[0], window, valid, sinks,
-                                 spec["d"] ** -0.5)
+                                 spec["d"] ** -0.5, matrix_units=bfloat16_units)
     assert (ours - exact)[rows].abs().max() <= 2 * (dense.float() - exact)[rows].abs().max()
 
 

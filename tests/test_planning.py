@@ -145,3 +145,20 @@ def test_the_fast_path_switch_is_a_fact_of_the_call():
         assert plan(config, facts).kernel == "dense_masked"
         assert plan(config, CallFacts(queries=640, keys=640, fast_path="auto")).kernel == "decomposed_torch"
     assert plan(config, facts).kernel == "decomposed_torch"
+
+
+def test_matrix_units_are_a_row_the_plan_chooses_by_the_calls_dtype_and_the_cpu():
+    """A bfloat16 prompt into a native FocusCache takes the matrix-unit row where the CPU has AMX, the vector one
+    where it has not or `use_matrix_units(False)` says so; float32 is never asked about it."""
+    from focus.attention.facts import cpu_matrix_units, use_matrix_units
+
+    config = FocusConfig(mode="hard", top_k=2, window=256, route_queries="kv_head")
+    bf16 = dict(queries=4096, keys=4096, cache="native", dtype="bfloat16")
+    assert plan(config, CallFacts(**bf16, matrix_units=True)).kernel == "decomposed_native_amx"
+    without = plan(config, CallFacts(**bf16, matrix_units=False))
+    assert without.kernel == "decomposed_native" and without.declined[0][0] == "decomposed_native_amx"
+    assert plan(config, CallFacts(**bf16)).kernel == (
+        "decomposed_native_amx" if cpu_matrix_units() else "decomposed_native")
+    with use_matrix_units(False):
+        assert plan(config, CallFacts(**bf16)).kernel == "decomposed_native"
+    assert plan(config, CallFacts(queries=4096, keys=4096, cache="native")).declined == ()

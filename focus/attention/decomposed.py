@@ -71,6 +71,7 @@ def decomposed_hard_attention(
     block: int = 64,
     query_groups: torch.Tensor | None = None,
     chunk: int = 64,
+    matrix_units: bool = True,
 ) -> torch.Tensor:
     """Hard Focus attention of a full sequence (queries = keys, causal), decomposed.
 
@@ -88,6 +89,8 @@ def decomposed_hard_attention(
             the groups that the query heads of each key/value head share (`"kv_head"`); None: a query takes its
             token's key groups, `groups`.
         chunk: queries per kernel row block of the group part when `query_groups` is given ("torch" backend).
+        matrix_units: "native", bfloat16: its rectangles on the CPU's matrix units (AMX) where it has them, else its
+            vector units.
 
     Returns:
         (B, H, L, D) in the dtype of `query`; rows of padding queries are zero.
@@ -102,7 +105,8 @@ def decomposed_hard_attention(
         if query_groups is None:
             raise ValueError("the native decomposition takes query-routed calls (query_groups)")
         with label("focus/decomposed_native"):
-            out = native_routed_prefill(query, key, value, query_groups, groups, window, valid, sinks, scaling)
+            out = native_routed_prefill(query, key, value, query_groups, groups, window, valid, sinks, scaling,
+                                        matrix_units)
         return out.to(query.dtype)
     key_band, value_band = key, value
     if query_groups is not None and query_groups.shape[1] != key.shape[1]:

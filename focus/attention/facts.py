@@ -7,7 +7,9 @@ A leaf: the kernels read these facts and the plan reads them; neither imports th
 from __future__ import annotations
 
 import functools
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterator
 
 from focus.attention.fast_path import current_fast_path
 
@@ -25,6 +27,8 @@ class CallFacts:
     window, or None. dense_rows: the first queries that attend as the unmodified model (`dense_below`).
     flash_attn: whether flash-attn imports (None: `flash_attn_installed` looks).
     fast_path: the fast-path switch in force (`focus.attention.fast_path`; None: read it when planned).
+    dtype: the query's ("float32", "bfloat16", ...). matrix_units: the CPU's bfloat16 matrix units (AMX) may compute
+    it (None: whether this CPU has them and `use_matrix_units` allows them).
     """
 
     queries: int
@@ -45,6 +49,8 @@ class CallFacts:
     dense_rows: int = 0
     flash_attn: bool | None = None
     fast_path: str | None = None
+    dtype: str = "float32"
+    matrix_units: bool | None = None
 
     @property
     def decoding_step(self) -> bool:
@@ -59,6 +65,36 @@ class CallFacts:
     @property
     def has_flash_attn(self) -> bool:
         return flash_attn_installed() if self.flash_attn is None else self.flash_attn
+
+    @property
+    def has_matrix_units(self) -> bool:
+        return (_MATRIX_UNITS_ALLOWED and cpu_matrix_units()) if self.matrix_units is None else self.matrix_units
+
+
+_MATRIX_UNITS_ALLOWED = True
+
+
+@contextmanager
+def use_matrix_units(allowed: bool) -> Iterator[None]:
+    """Inside the block, plans take the CPU's matrix units (AMX) only if `allowed` (benchmarks and tests time the
+    vector units on the same CPU with `use_matrix_units(False)`); a fact of every call planned there."""
+    global _MATRIX_UNITS_ALLOWED
+    previous, _MATRIX_UNITS_ALLOWED = _MATRIX_UNITS_ALLOWED, allowed
+    try:
+        yield
+    finally:
+        _MATRIX_UNITS_ALLOWED = previous
+
+
+@functools.cache
+def cpu_matrix_units() -> bool:
+    """Whether this CPU has bfloat16 matrix units (AMX: Linux's `amx_bf16` flag), without building the native
+    kernels (their `matrix_units()` asks oneDNN, the same answer where both can ask)."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            return any(line.startswith("flags") and "amx_bf16" in line.split() for line in info)
+    except OSError:
+        return False
 
 
 @functools.cache

@@ -166,6 +166,7 @@ def call_facts(
         gradients=torch.is_grad_enabled() and (query.requires_grad or key.requires_grad),
         training=centroids_training(module), traced=traced, softcap=call.softcap is not None,
         dropout=call.dropout != 0.0, model_window=call.sliding_window, dense_rows=_dense_rows(module, q_len, k_len),
+        dtype=str(query.dtype).removeprefix("torch."),
     )
 
 

@@ -39,8 +39,13 @@ def run_sparse_step(state: CallState, call: AttentionCall) -> torch.Tensor:
     return decoding_step(state.module, call, state.index, state.step_groups, "sparse_step")
 
 
+def run_decomposed_native_amx(state: CallState, call: AttentionCall) -> torch.Tensor:
+    return hard_attention(state.config, call, state.routed, "decomposed_native", state.index, matrix_units=True)
+
+
 def run_decomposed_native(state: CallState, call: AttentionCall) -> torch.Tensor:
-    return hard_attention(state.config, call, state.routed, "decomposed_native", state.index)
+    """The native prefill on the CPU's vector units (its bfloat16 rectangles too: the row above takes AMX's)."""
+    return hard_attention(state.config, call, state.routed, "decomposed_native", state.index, matrix_units=False)
 
 
 def run_decomposed_flash(state: CallState, call: AttentionCall) -> torch.Tensor:
@@ -59,9 +64,11 @@ def run_dense_masked(state: CallState, call: AttentionCall) -> torch.Tensor:
 
 
 def hard_attention(
-    config: FocusConfig, call: AttentionCall, routed: Routed, kernel: str, index: GroupIndex | None = None
+    config: FocusConfig, call: AttentionCall, routed: Routed, kernel: str, index: GroupIndex | None = None,
+    matrix_units: bool = False,
 ) -> torch.Tensor:
-    """Hard Focus (B, H, Q, D) by the plan's `kernel`: the window, the sinks, the keys of the query's top-k groups."""
+    """Hard Focus (B, H, Q, D) by the plan's `kernel`: the window, the sinks, the keys of the query's top-k groups
+    (`matrix_units`: the native prefill's bfloat16 rectangles on AMX)."""
     q_len, k_len = call.query.shape[-2], call.key.shape[-2]
     # A FocusCache's index holds every cached key's groups, assigned once: the whole generation sees one.
     groups = top_k_groups(routed.key_log_assign, config.top_k) if index is None else index.groups(k_len).clamp_min(0)
@@ -73,7 +80,7 @@ def hard_attention(
             # The query heads of a key/value head share its groups: one copy (native routing gives one already).
             query_groups = query_groups[:, :: call.query.shape[1] // call.key.shape[1]]
         backend = kernel.removeprefix("decomposed_")
-        return decomposed_with_dense_heads(config, call, routed, groups, query_groups, backend)
+        return decomposed_with_dense_heads(config, call, routed, groups, query_groups, backend, matrix_units)
     allowed = hard_allowed(
         groups[:, :, k_len - q_len :] if query_groups is None else query_groups, groups, config.num_groups,
         config.window, call.base_mask, routed.sinks, routed.dense,
@@ -137,7 +144,7 @@ def native_decoding_step(
 
 def decomposed_with_dense_heads(
     config: FocusConfig, call: AttentionCall, routed: Routed, groups: torch.Tensor, query_groups: torch.Tensor | None,
-    backend: str,
+    backend: str, matrix_units: bool = False,
 ) -> torch.Tensor:
     """A whole sequence's hard Focus (B, H, L, D) by the decomposition, on the sparse heads only: the dense key/value
     heads (`FocusConfig.dense_heads`) and their query heads take the model's own attention instead. `backend`: "torch",
@@ -145,7 +152,8 @@ def decomposed_with_dense_heads(
     dense = routed.dense
     if dense is None:
         return decomposed_hard_attention(call.query, call.key, call.value, groups, config.window, routed.valid,
-                                         routed.sinks, call.scaling, backend, query_groups=query_groups)
+                                         routed.sinks, call.scaling, backend, query_groups=query_groups,
+                                         matrix_units=matrix_units)
     r = call.query.shape[1] // call.key.shape[1]
     sparse_kv = (~dense).nonzero().squeeze(1)
     sparse_q = (sparse_kv[:, None] * r + torch.arange(r, device=dense.device)).flatten()
@@ -156,6 +164,7 @@ def decomposed_with_dense_heads(
             call.query[:, sparse_q], call.key[:, sparse_kv], call.value[:, sparse_kv], groups[:, sparse_kv],
             config.window, routed.valid, routed.sinks, call.scaling, backend,
             query_groups=None if query_groups is None else query_groups[:, sparse_q if per_query_head else sparse_kv],
+            matrix_units=matrix_units,
         )
     return with_dense_heads(out, call, dense)
 

@@ -29,7 +29,8 @@ class Kernel:
     """One row: `name` (what `Plan.kernel` says), `text` (what it computes), `declines(config, facts)` (why not this
     call; None: it takes it), `takes` (what it is chosen for), `run(state, call)` (the call computed,
     `focus.attention.kernel_runs`), `steps_only` (it computes only a decoding step: it is not asked about other
-    calls) and `selector` (it computes only this router's selection: it is not asked about another's)."""
+    calls), `selector` (it computes only this router's selection: it is not asked about another's) and `dtype` (it
+    computes only calls of this dtype)."""
 
     name: str
     text: str
@@ -38,6 +39,7 @@ class Kernel:
     run: Callable[[CallState, AttentionCall], torch.Tensor]
     steps_only: bool = False
     selector: str | None = None
+    dtype: str | None = None
 
 
 def fast_path_blocker(config: FocusConfig, facts: CallFacts) -> str | None:
@@ -143,6 +145,16 @@ def _decomposed_native(config: FocusConfig, facts: CallFacts) -> str | None:
     return None
 
 
+def _decomposed_native_on_matrix_units(config: FocusConfig, facts: CallFacts) -> str | None:
+    if blocker := _decomposed_native(config, facts):
+        return blocker
+    if not facts.has_matrix_units:
+        return "no bfloat16 matrix units (AMX) on this CPU, or `use_matrix_units(False)`"
+    if facts.head_dim % 2:
+        return f"head size {facts.head_dim} is odd (the matrix units take pairs of bfloat16)"
+    return None
+
+
 def _decomposed_flash(config: FocusConfig, facts: CallFacts) -> str | None:
     if blocker := _whole_sequence(config, facts):
         return blocker
@@ -171,6 +183,9 @@ KERNEL_TABLE: tuple[Kernel, ...] = (
            _masked_step, "a decoding step, below the sparse step's break-even", runs.run_masked_step, steps_only=True),
     Kernel("sparse_step", "a decoding step over the keys of the query's groups, read through the index's group lists",
            _sparse_step, "a decoding step through the group lists", runs.run_sparse_step, steps_only=True),
+    Kernel("decomposed_native_amx", "decomposed_native with its bfloat16 rectangles on the CPU's matrix units (AMX)",
+           _decomposed_native_on_matrix_units, "a native FocusCache's bfloat16 prompt on a CPU with AMX",
+           runs.run_decomposed_native_amx, dtype="bfloat16"),
     Kernel("decomposed_native", "the query-routed decomposition as four native CPU calls (band, segments, "
            "rectangles, merge)", _decomposed_native, "a native FocusCache's prompt on the CPU, query-routed",
            runs.run_decomposed_native),
@@ -188,10 +203,11 @@ KERNEL_TABLE: tuple[Kernel, ...] = (
 
 def choose_kernel(config: FocusConfig, facts: CallFacts) -> tuple[Kernel, tuple[tuple[str, str], ...]]:
     """The first row of `KERNEL_TABLE` that takes the call, and the (name, reason) of each row before it that declined
-    (rows for decoding steps only, or for another selector, are not asked)."""
+    (rows for decoding steps only, another selector or another dtype are not asked)."""
     declined = []
     for kernel in KERNEL_TABLE:
-        if (kernel.steps_only and not facts.decoding_step) or kernel.selector not in (None, config.selector):
+        if ((kernel.steps_only and not facts.decoding_step) or kernel.selector not in (None, config.selector)
+                or kernel.dtype not in (None, facts.dtype)):
             continue
         reason = kernel.declines(config, facts)
         if reason is None:

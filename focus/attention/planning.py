@@ -92,8 +92,8 @@ def plan(config: FocusConfig, facts: CallFacts) -> Plan:
     if config.mode == "soft":
         return Plan("soft", "eager", "dense_masked", "soft Focus charges every pair its gate", facts.dense_rows)
     kernel, declined, reason = _kernel(config, facts)
-    return Plan("hard", "native" if kernel == "decomposed_native" else "eager", kernel, reason, facts.dense_rows,
-                declined)
+    return Plan("hard", "native" if kernel.startswith("decomposed_native") else "eager", kernel, reason,
+                facts.dense_rows, declined)
 
 
 def _kernel(config: FocusConfig, facts: CallFacts) -> tuple[str, tuple[tuple[str, str], ...], str]:
@@ -159,6 +159,10 @@ SCENARIOS = [  # (what the user does, FocusConfig changes from hard top-2 query 
     ("the same, padding on the right", {}, dict(queries=4096, keys=4096, cache="native", left_padded=False), "auto"),
     ("the same, 70 groups", {"num_groups": 70}, dict(queries=4096, keys=4096, cache="native"), "auto"),
     ("the same, FocusCache(native=False)", {}, dict(queries=4096, keys=4096, cache="eager"), "auto"),
+    ("the same in bfloat16 on a CPU with AMX", {}, dict(queries=4096, keys=4096, cache="native", dtype="bfloat16",
+                                                        matrix_units=True), "auto"),
+    ("the same in bfloat16 on a CPU without", {}, dict(queries=4096, keys=4096, cache="native", dtype="bfloat16",
+                                                       matrix_units=False), "auto"),
     ("a chunk of 16 tokens after a cached past", {}, dict(queries=16, keys=4096, cache="native"), "auto"),
     ("decoding step at 4K keys (generate(), CPU)", {}, dict(queries=1, keys=4096, cache="native"), "auto"),
     ("decoding step at 100K keys, top-1", {"top_k": 1}, dict(queries=1, keys=100_000, cache="native"), "auto"),

@@ -17,14 +17,16 @@ from focus.attention.labels import label
 from focus.attention.native.build import MAX_DIM, kernels
 
 
-def native_routed_prefill(query, key, value, groups_q, groups_k, window: int, valid, sinks, scaling: float):
+def native_routed_prefill(query, key, value, groups_q, groups_k, window: int, valid, sinks, scaling: float,
+                          matrix_units: bool = True):
     """The query-routed decomposition (`decomposed.decomposed_hard_attention` with `query_groups`) in four native calls:
     the band, the segments (`csrc/segments.cpp`: single groups, each kept pair once, as
     `rectangle_entries(once=True)`), their rectangles and the merge. No repeated keys, no sorts, no searches.
 
     Args:
         query (B, H, L, D); key, value (B, K, L, D); groups_q (B, Hq, L, k): each query head's groups (Hq = H), or
-        those its key/value head's query heads share (Hq = K); groups_k (B, K, L, k); valid, sinks (B, L) bool.
+        those its key/value head's query heads share (Hq = K); groups_k (B, K, L, k); valid, sinks (B, L) bool;
+        matrix_units: bfloat16 rectangles on the CPU's matrix units (AMX) where it has them, else its vector units.
     Returns:
         (B, H, L, D) float32.
     Raises:
@@ -39,7 +41,7 @@ def native_routed_prefill(query, key, value, groups_q, groups_k, window: int, va
     if groups_q.numel() and max(int(groups_q.max()), int(groups_k.max())) >= GROUP_BITS:
         raise ValueError(f"the native prefill takes group ids below {GROUP_BITS}")
     with label("focus/native_band"):  # (labels for torch.profiler: benchmarks/profile_focus.py)
-        band = native_band_part(query, key, value, window, valid, scaling)
+        band = native_band_part(query, key, value, window, valid, scaling, matrix_units)
     ext = kernels()
     with label("focus/native_segments"):
         query_rows, first, count, skip, key_rows, bits = ext.segment_rows(
@@ -47,7 +49,7 @@ def native_routed_prefill(query, key, value, groups_q, groups_k, window: int, va
     with label("focus/native_rectangles"):
         grouped = query.view(b, q_heads, r, length, d).transpose(2, 3).reshape(b * q_heads * length, r, d).contiguous()
         out, lse = ext.rectangles(grouped, key.reshape(-1, d).contiguous(), value.reshape(-1, d).contiguous(), first,
-                                  count, scaling, query_rows, key_rows, skip, bits)
+                                  count, scaling, query_rows, key_rows, skip, bits, matrix_units)
     with label("focus/native_merge"):
         band_out, band_lse = band
         merged = ext.merge_parts(band_out.view(b, q_heads, r, length, d), band_lse.view(b, q_heads, r, length), out,
@@ -55,7 +57,7 @@ def native_routed_prefill(query, key, value, groups_q, groups_k, window: int, va
     return merged.view(b, h, length, d)
 
 
-def native_band_part(query, key, value, window: int, valid: torch.Tensor, scaling: float):
+def native_band_part(query, key, value, window: int, valid: torch.Tensor, scaling: float, matrix_units: bool = True):
     """`band.band_part` as one native call: every pair with 0 <= i - j < window (j a real token), outputs
     (B, H, L, D) fp32 and log-sum-exp (B, H, L) (-inf where a query sees no key); padding only on the left (else
     ValueError: a row's keys would not be one run)."""
@@ -73,6 +75,6 @@ def native_band_part(query, key, value, window: int, valid: torch.Tensor, scalin
     count = count[:, None].expand(b, k_heads, length).flatten()
     grouped = query.view(b, k_heads, r, length, d).transpose(2, 3).reshape(b * k_heads * length, r, d).contiguous()
     out, lse = kernels().rectangles(grouped, key.reshape(-1, d).contiguous(), value.reshape(-1, d).contiguous(),
-                                        first, count, scaling, None, None, None, None)
+                                        first, count, scaling, None, None, None, None, matrix_units)
     out = out.view(b, k_heads, length, r, d).transpose(2, 3).reshape(b, h, length, d)
     return out, lse.view(b, k_heads, length, r).transpose(2, 3).reshape(b, h, length)

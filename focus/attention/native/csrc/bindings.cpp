@@ -10,7 +10,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("route_tokens", &route_tokens);
   m.def("router_panel", &router_panel);
   m.def("rectangles", &rectangles);
-  m.def("matrix_units", &focus_native::matrix_units, pybind11::arg("allow") = pybind11::none());
+  m.def("matrix_units", &focus_native::matrix_units);
   m.def("segment_rows", &segment_rows);
   m.def("merge_parts", &merge_parts);
 }

@@ -26,11 +26,12 @@ constexpr int64_t ROUTE_BY_KEY = FOCUS_ROUTE_BY_KEY;
 constexpr int64_t ROUTE_BY_QUERY = FOCUS_ROUTE_BY_QUERY;
 constexpr int64_t ROUTE_BY_KV_HEAD = FOCUS_ROUTE_BY_KV_HEAD;
 
-// rectangle_amx.cpp: the rectangles in bfloat16 on matrix units (AMX), where `rectangles_on_matrix_units` says the
-// CPU has them for this query; `rectangles` (rectangle.cpp) checks the arguments and sends them there.
-bool rectangles_on_matrix_units(const at::Tensor& query);
-// Whether bfloat16 rectangles run on the matrix units: the CPU has them and they are allowed (`allow` sets that).
-bool matrix_units(c10::optional<bool> allow);
+// rectangle_amx.cpp: the rectangles in bfloat16 on matrix units (AMX), where the caller asks for them (the plan's
+// row, focus.attention.kernel_table) and `rectangles_on_matrix_units` says the CPU has them for this query;
+// `rectangles` (rectangle.cpp) checks the arguments and sends them there.
+bool rectangles_on_matrix_units(const at::Tensor& query, bool asked);
+// Whether this CPU has bfloat16 matrix units (AMX) the rectangles can use.
+bool matrix_units();
 std::tuple<at::Tensor, at::Tensor> rectangles_amx(const at::Tensor& query, const at::Tensor& key,
                                                   const at::Tensor& value, const int64_t* first, const int64_t* count,
                                                   int64_t n, double scale, const int64_t* q_index,
@@ -52,7 +53,7 @@ std::tuple<at::Tensor, at::Tensor> rectangles(const at::Tensor& query, const at:
                                               const c10::optional<at::Tensor>& query_rows,
                                               const c10::optional<at::Tensor>& key_rows,
                                               const c10::optional<at::Tensor>& query_skip,
-                                              const c10::optional<at::Tensor>& key_bits);
+                                              const c10::optional<at::Tensor>& key_bits, bool matrix_units);
 
 // route.cpp: a prompt's routing, every token and head; and the centroids in the layout the router reads (router.h).
 at::Tensor route_tokens(const at::Tensor& vectors, const c10::optional<at::Tensor>& cos,

@@ -217,7 +217,7 @@ std::tuple<at::Tensor, at::Tensor> rectangles(const at::Tensor& query, const at:
                                                     const c10::optional<at::Tensor>& query_rows,
                                                     const c10::optional<at::Tensor>& key_rows,
                                                     const c10::optional<at::Tensor>& query_skip,
-                                                    const c10::optional<at::Tensor>& key_bits) {
+                                                    const c10::optional<at::Tensor>& key_bits, bool matrix_units) {
   TORCH_CHECK(query.device().is_cpu() && query.dim() == 3 && query.is_contiguous() && key.is_contiguous() &&
                   value.is_contiguous() && key.scalar_type() == query.scalar_type() &&
                   value.scalar_type() == query.scalar_type(),
@@ -240,7 +240,7 @@ std::tuple<at::Tensor, at::Tensor> rectangles(const at::Tensor& query, const at:
   const int64_t* first = key_first.data_ptr<int64_t>();
   const int64_t* count = key_count.data_ptr<int64_t>();
   const int64_t keys = k_index ? key_rows->numel() : key.size(0);
-  if (focus_native::rectangles_on_matrix_units(query))  // bfloat16 on AMX: rectangle_amx.cpp
+  if (focus_native::rectangles_on_matrix_units(query, matrix_units))  // bfloat16 on AMX: rectangle_amx.cpp
     return focus_native::rectangles_amx(query, key, value, first, count, n, scale, q_index, k_index, keys, skip, bits);
   auto out = at::empty({n, r, d}, query.options().dtype(at::kFloat));
   auto lse = at::full({n, r}, -std::numeric_limits<float>::infinity(), query.options().dtype(at::kFloat));

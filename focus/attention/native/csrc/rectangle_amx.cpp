@@ -191,17 +191,10 @@ void attend_tile(const Tile& tile, const BFloat16* q_data, const BFloat16* key_p
 
 namespace focus_native {
 
-namespace {
-bool matrix_units_allowed = true;  // (a switch for tests and benchmarks: the vector path on the same CPU)
-}  // namespace
+bool matrix_units() { return cpublas::could_pack(at::kBFloat16); }
 
-bool matrix_units(c10::optional<bool> allow) {
-  if (allow) matrix_units_allowed = *allow;
-  return matrix_units_allowed && cpublas::could_pack(at::kBFloat16);
-}
-
-bool rectangles_on_matrix_units(const at::Tensor& query) {
-  return query.scalar_type() == at::kBFloat16 && query.size(2) % 2 == 0 && matrix_units(c10::nullopt);
+bool rectangles_on_matrix_units(const at::Tensor& query, bool asked) {
+  return asked && query.scalar_type() == at::kBFloat16 && query.size(2) % 2 == 0 && matrix_units();
 }
 
 std::tuple<at::Tensor, at::Tensor> rectangles_amx(const at::Tensor& query, const at::Tensor& key,
