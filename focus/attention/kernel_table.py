@@ -97,7 +97,8 @@ def _native_step(config: FocusConfig, facts: CallFacts) -> str | None:
     if not facts.index_current:
         return "the index is cropped or a row's sink tokens are not all seen"
     if facts.keys >= NATIVE_STEP_BELOW and _pays(config, facts):
-        return f"{facts.keys} keys >= {NATIVE_STEP_BELOW}, where the sparse step pays"
+        return (f"{facts.keys} keys >= {NATIVE_STEP_BELOW}, beyond the longest cache it was measured to beat the "
+                "sparse step at, and the sparse step pays")
     return None
 
 

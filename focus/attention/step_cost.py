@@ -20,10 +20,12 @@ SPARSE_STEP_FIXED_KEYS = 2800
 a masked step reads in place: the sparse step pays once the keys it skips outweigh it. Fitted on one SmolLM2-shaped
 layer (9/3 heads), 16 groups, window 64, float32."""
 
-NATIVE_STEP_BELOW = 65536
+NATIVE_STEP_BELOW = 131072
 """Below this many cached keys a step runs native (`focus.attention.native`) even where the sparse step beats the
-eager masked one: the native step has no op overhead and reads only the keys its mask keeps, and it still beat the
-sparse step at the longest cache measured (32K keys); beyond that, the cost model decides."""
+eager masked one: the native step has no op overhead and reads only the keys its mask keeps. The longest cache
+measured: it beat the sparse step at every length to 128K keys, top-1 and top-2, 1/1 and 9/3 heads
+(`benchmarks/results/decode_step_native_long.md`, a Xeon; 32K on an AVX2 EPYC); beyond what was measured, the cost
+model decides."""
 
 
 def distant_share(num_groups: int, top_k: int) -> float:
