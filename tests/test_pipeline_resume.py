@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from helpers.pipeline import MINI, SNAKEMAKE, snakemake, write_config
@@ -18,17 +19,22 @@ pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore::DeprecationWa
 # ---- a training job killed mid-run resumes -------------------------------------------------------------------
 
 
-@pytest.mark.slow
-def test_killed_training_job_resumes_from_its_checkpoint(tmp_path):
+def one_training_job(tmp_path: Path, name: str) -> tuple[str, Path]:
+    """A profile of one centroid training of a tiny Llama (120 steps, a checkpoint every 20, about 11 steps a second
+    here) and nothing else; returns its path and the job's folder."""
     config = json.loads(json.dumps(MINI))
-    config.update(name="resume", models={"tiny-llama": {"source": "tiny:llama"}})
+    config.update(name=name, models={"tiny-llama": {"source": "tiny:llama"}})
     for section in ("benchmark", "lora", "harness", "long_context", "interpret", "study", "peers"):
         config.pop(section)
     config["train"].update(full_finetune=None, seq_len=64, retrieval_share=0)  # rows of 64: no room for a fact
-    # 120 steps at about 11 a second here: the kill lands a second after the checkpoint at step 20, far from the end.
     config["train"]["centroids"].update(steps=120, checkpoint_every=20, log_every=10)
-    path = str(write_config(tmp_path, config))
-    run = tmp_path / "results" / "resume" / "train" / "tiny-llama" / "focus"
+    return str(write_config(tmp_path, config)), tmp_path / "results" / name / "train" / "tiny-llama" / "focus"
+
+
+@pytest.mark.slow
+def test_killed_training_job_resumes_from_its_checkpoint(tmp_path):
+    # The kill lands a second after the checkpoint at step 20, far from the end.
+    path, run = one_training_job(tmp_path, "resume")
     target = str((run / "summary.json").relative_to(tmp_path))  # targets are relative to --directory
 
     environ = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -60,14 +66,7 @@ def test_killed_training_job_resumes_from_its_checkpoint(tmp_path):
 
 @pytest.mark.slow
 def test_a_training_job_on_a_full_disk_ends_its_log_with_one_line_and_resumes(tmp_path):
-    config = json.loads(json.dumps(MINI))
-    config.update(name="full", models={"tiny-llama": {"source": "tiny:llama"}})
-    for section in ("benchmark", "lora", "harness", "long_context", "interpret", "study", "peers"):
-        config.pop(section)
-    config["train"].update(full_finetune=None, seq_len=64, retrieval_share=0)
-    config["train"]["centroids"].update(steps=120, checkpoint_every=20, log_every=10)
-    path = str(write_config(tmp_path, config))
-    folder = tmp_path / "results" / "full" / "train" / "tiny-llama" / "focus"
+    path, folder = one_training_job(tmp_path, "full")
     folder.mkdir(parents=True)
     # The job's own folder on a 1 MiB disk of its own (root only), filled up once its first checkpoint is written.
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(folder)], capture_output=True).returncode:

@@ -17,6 +17,7 @@ from torch import nn
 from focus.attention.call import AttentionCall, CallState
 from focus.attention.decoding import index_new_keys, take_cache_index
 from focus.attention.facts import CallFacts
+from focus.attention.fast_path import current_fast_path
 from focus.attention.group_index import GroupIndex
 from focus.attention.indexer import indexer_loss, key_codes
 from focus.attention.kernel_table import kernel_row
@@ -166,7 +167,7 @@ def call_facts(
         gradients=torch.is_grad_enabled() and (query.requires_grad or key.requires_grad),
         training=centroids_training(module), traced=traced, softcap=call.softcap is not None,
         dropout=call.dropout != 0.0, model_window=call.sliding_window, dense_rows=_dense_rows(module, q_len, k_len),
-        dtype=str(query.dtype).removeprefix("torch."),
+        dtype=str(query.dtype).removeprefix("torch."), fast_path=current_fast_path(),
     )
 
 

@@ -75,6 +75,15 @@ def _pays(config: FocusConfig, facts: CallFacts) -> bool:
     return sparse_step_pays(config.num_groups, config.top_k, routing_heads, facts.k_heads, facts.keys)
 
 
+def _native_blocker(config: FocusConfig, facts: CallFacts) -> str | None:
+    """Why the native kernels (the step and the prefill) cannot take the call, whatever the call."""
+    if facts.device != "cpu":
+        return f"the native kernels run on the CPU, the call on {facts.device}"
+    if config.num_groups > GROUP_BITS:
+        return f"{config.num_groups} groups > {GROUP_BITS}"
+    return None
+
+
 def _indexer_step(config: FocusConfig, facts: CallFacts) -> str | None:
     if blocker := _pattern_blocker(facts):
         return blocker
@@ -90,10 +99,8 @@ def _native_step(config: FocusConfig, facts: CallFacts) -> str | None:
         return blocker
     if facts.cache != "native":
         return "the cache runs no native kernels (FocusCache(native=False))"
-    if facts.device != "cpu":
-        return f"the native kernels run on the CPU, the call on {facts.device}"
-    if config.num_groups > GROUP_BITS:
-        return f"{config.num_groups} groups > {GROUP_BITS}"
+    if blocker := _native_blocker(config, facts):
+        return blocker
     if not facts.index_current:
         return "the index is cropped or a row's sink tokens are not all seen"
     if facts.keys >= NATIVE_STEP_BELOW and _pays(config, facts):
@@ -131,16 +138,14 @@ def _decomposed_native(config: FocusConfig, facts: CallFacts) -> str | None:
         return "not a native FocusCache's prompt"
     if facts.switch != "auto":
         return f"the fast-path switch is {facts.switch!r}"
-    if facts.device != "cpu":
-        return f"the native kernels run on the CPU, the call on {facts.device}"
+    if blocker := _native_blocker(config, facts):
+        return blocker
     if facts.traced:
         return "the routing logits are traced"
     if config.route_queries == "key":
         return "queries routed by their keys (route_queries='key')"
     if facts.head_dim > NATIVE_MAX_DIM:
         return f"head size {facts.head_dim} > {NATIVE_MAX_DIM}"
-    if config.num_groups > GROUP_BITS:
-        return f"{config.num_groups} groups > {GROUP_BITS}"
     if not facts.left_padded:
         return "padding not only on the left"
     return None
