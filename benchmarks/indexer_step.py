@@ -6,7 +6,8 @@ SmolLM2's layer shape (9 query heads, 3 key/value heads of 64), window 128, one 
 head. Sides, each the step of one token over a cache of L keys: `unmodified` (PyTorch SDPA over every key, as the
 model attends, the query heads of a key/value head folded into its queries: the fastest dense step here),
 `indexer_step` (scores from the cached rank-r key codes, top-k, gather, SDPA over the kept keys:
-`focus.attention.indexer.indexer_decode_attention`, the router's cost included) and `selected_mask` (the indexer's
+`focus.attention.indexer.indexer_decode_attention`, the router's cost included), `native_step` (the same as one native
+call: `csrc/indexer_step.cpp`, partial selection, the kept keys read in place) and `selected_mask` (the indexer's
 selection as a mask over the whole cache: the path selectors take without a step kernel). Writes
 <out>/indexer_step.{csv,md}, headed by where and how it was made.
 """
@@ -23,6 +24,7 @@ import torch.nn.functional as F
 
 from focus.artifacts import markdown_table
 from focus.attention.indexer import KEY_WEIGHTS, QUERY_WEIGHTS, indexer_decode_attention, key_codes
+from focus.attention.native import kernels
 from focus.attention.reference import dense_attention
 from focus.attention.selectors import selected_pairs
 from focus.config import FocusConfig
@@ -51,6 +53,7 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()
     torch.manual_seed(0)
+    native = kernels()
     rows = []
     for length in args.lengths:
         query = torch.randn(1, HEADS, 1, D)
@@ -58,17 +61,20 @@ def main() -> None:
         for budget in args.budgets:
             layer = Layer(args.rank, budget).requires_grad_(False)
             codes = key_codes(layer, key)
+            w_q = getattr(layer, QUERY_WEIGHTS).detach()
             pairs = selected_pairs(layer, query, key, None, None)
             with torch.no_grad():
                 seconds = interleaved_seconds([
                     lambda: F.scaled_dot_product_attention(query.view(1, K_HEADS, -1, D), key, value),
                     lambda: indexer_decode_attention(layer, query, key, value, codes, None, None),
+                    lambda: native.indexer_step(query, key, value, codes, w_q, None, 128, 1, budget, 0, True, None),
                     lambda: dense_attention(query, key, value, selected_pairs(layer, query, key, None, None), None),
                 ], args.repeats, torch.device("cpu"))
-            unmodified, step, masked = seconds
+            unmodified, step, native_step, masked = seconds
             rows.append({"keys": length, "budget": budget, "kept_per_query": int(pairs[0, 0, 0].sum()),
                          "unmodified_ms": 1e3 * unmodified, "indexer_step_ms": 1e3 * step,
-                         "selected_mask_ms": 1e3 * masked, "step_speedup": unmodified / step,
+                         "native_step_ms": 1e3 * native_step, "selected_mask_ms": 1e3 * masked,
+                         "step_speedup": unmodified / step, "native_speedup": unmodified / native_step,
                          "mask_speedup": unmodified / masked})
             print(rows[-1], flush=True)
     out = Path(args.out)

@@ -38,8 +38,8 @@ class Layer(torch.nn.Module):
     def __init__(self, heads=4, k_heads=2, d=8, rank=3, seed=0, **changes):
         super().__init__()
         gen = torch.Generator().manual_seed(seed)
-        self.focus_config = FocusConfig(mode="hard", window=WINDOW, sink_tokens=1, unrotate=False, selector="indexer",
-                                        indexer_rank=rank, **changes)
+        self.focus_config = FocusConfig(**{"mode": "hard", "window": WINDOW, "sink_tokens": 1, "unrotate": False,
+                                           "selector": "indexer", "indexer_rank": rank, **changes})
         setattr(self, QUERY_WEIGHTS, torch.nn.Parameter(torch.randn(heads, d, rank, generator=gen)))
         setattr(self, KEY_WEIGHTS, torch.nn.Parameter(torch.randn(k_heads, d, rank, generator=gen)))
 
@@ -276,12 +276,34 @@ def test_a_rank_above_the_head_size_is_refused_before_the_model_is_touched():
     assert not has_focus(model) and all(p.requires_grad for p in model.parameters())
 
 
+def native_indexer_step(layer, step, key, value, codes, base, scaling):
+    """The native step (`csrc/indexer_step.cpp`) as its row runs it."""
+    from focus.attention.call import AttentionCall, CallState
+    from focus.attention.kernel_runs import run_indexer_native_step
+    from focus.attention.key_codes import KeyCodes
+
+    index = KeyCodes(key.shape[0], key.shape[1], codes.shape[-1], key.device, native=True)
+    index.extend(codes, 0)
+    call = AttentionCall(step, key, value, base, scaling, 0.0, None, None)
+    return run_indexer_native_step(CallState(layer, index), call)
+
+
+def eager_indexer_step(layer, step, key, value, codes, base, scaling):
+    from focus.attention.indexer import indexer_decode_attention
+
+    return indexer_decode_attention(layer, step, key, value, codes, base, scaling)
+
+
+STEPS = [pytest.param(eager_indexer_step, id="eager"), pytest.param(native_indexer_step, id="native")]
+
+
+@pytest.mark.parametrize("step_kernel", STEPS)
 @pytest.mark.parametrize("route_queries", ["query", "kv_head"])
 @pytest.mark.parametrize("budget", [0.0, 0.3, 1.0])
-def test_the_indexer_step_is_the_dense_reference_over_its_selection(route_queries, budget):
-    """One decoding step from the cached key codes (gathered keys, top-k by index) = attention under the selection
-    mask `selected_pairs` makes, with left padding, the window and a sink."""
-    from focus.attention.indexer import indexer_decode_attention, key_codes
+def test_the_indexer_step_is_the_dense_reference_over_its_selection(step_kernel, route_queries, budget):
+    """One decoding step from the cached key codes (the kept keys read by index, eager or native) = attention under
+    the selection mask `selected_pairs` makes, with left padding, the window and a sink."""
+    from focus.attention.indexer import key_codes
     from focus.attention.reference import dense_attention
 
     layer = Layer(route_queries=route_queries, budget=budget)
@@ -290,13 +312,36 @@ def test_the_indexer_step_is_the_dense_reference_over_its_selection(route_querie
     base = padded_causal_mask(2, 20, [3, 0])[..., -1:, :]  # (B, 1, 1, L): row 0 left-padded
     step = query[:, :, -1:]
     expected = dense_attention(step, key, value, selected_pairs(layer, step, key, base, None), None, 8**-0.5)
-    got = indexer_decode_attention(layer, step, key, value, key_codes(layer, key), base, None)
+    with torch.no_grad():
+        got = step_kernel(layer, step, key, value, key_codes(layer, key), base, None)
     torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
 
 
-def test_generate_with_the_indexer_steps_through_its_key_codes_as_the_dense_path_decodes():
-    """generate() through a FocusCache: the prompt caches every key's code, each step runs `indexer_step` from them,
-    the tokens and logits are the dense masked path's (the fast-path switch pinned to it)."""
+def test_the_native_indexer_step_keeps_what_the_eager_one_keeps_at_length_in_both_dtypes():
+    """A longer cache (several parts per selection over the cores), two sinks, a count budget, query heads per key/value
+    head of 3, bfloat16 too: the native step = the eager step."""
+    from focus.attention.indexer import key_codes
+
+    layer = Layer(heads=6, k_heads=2, d=16, rank=4, route_queries="kv_head", budget_keys=700, sink_tokens=2)
+    query, key = case(seed=7, heads=6, length=3000, d=16)
+    value = torch.randn_like(key)
+    base = padded_causal_mask(2, 3000, [11, 0])[..., -1:, :]
+    step = query[:, :, -1:]
+    with torch.no_grad():
+        for dtype, tolerance in ((torch.float32, 1e-6), (torch.bfloat16, 2e-2)):
+            args = [x.to(dtype) for x in (step, key, value)]
+            codes = key_codes(layer, args[1])
+            expected = eager_indexer_step(layer, *args, codes, base, None)
+            got = native_indexer_step(layer, *args, codes, base, None)
+            assert got.dtype == dtype
+            torch.testing.assert_close(got.float(), expected.float(), atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_generate_with_the_indexer_steps_through_its_key_codes_as_the_dense_path_decodes(native):
+    """generate() through a FocusCache: the prompt caches every key's code, each step runs the indexer's step from them
+    (`indexer_step` eager, `indexer_native_step` native), the tokens and logits are the dense masked path's (the
+    fast-path switch pinned to it)."""
     import focus.attention.function as function
     from focus.attention.decoding import FocusCache
     from focus.attention.fast_path import fast_path
@@ -318,7 +363,7 @@ def test_generate_with_the_indexer_steps_through_its_key_codes_as_the_dense_path
     function.plan = recording
     try:
         with torch.no_grad():
-            cache = FocusCache(model)
+            cache = FocusCache(model, native=native)
             out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=6,
                                  min_new_tokens=6, past_key_values=cache, output_logits=True,
                                  return_dict_in_generate=True)
@@ -329,7 +374,8 @@ def test_generate_with_the_indexer_steps_through_its_key_codes_as_the_dense_path
     finally:
         function.plan = made
     layers = model.config.num_hidden_layers
-    assert kernels[: 6 * layers] == ["dense_masked"] * layers + ["indexer_step"] * 5 * layers
+    assert kernels[: 6 * layers] == ["dense_masked"] * layers + [
+        "indexer_native_step" if native else "indexer_step"] * 5 * layers
     assert torch.equal(out.sequences, dense.sequences)
     torch.testing.assert_close(torch.stack(out.logits), torch.stack(dense.logits), atol=1e-5, rtol=1e-5)
     codes = next(iter(cache.indexes.values()))

@@ -162,3 +162,23 @@ def test_matrix_units_are_a_row_the_plan_chooses_by_the_calls_dtype_and_the_cpu(
     with use_matrix_units(False):
         assert plan(config, CallFacts(**bf16)).kernel == "decomposed_native"
     assert plan(config, CallFacts(queries=4096, keys=4096, cache="native")).declined == ()
+
+
+def test_the_indexers_steps_decline_what_they_cannot_compute():
+    """The indexer's native step takes a native cache's step on the CPU; the eager step takes the others; a cropped
+    cache, dense heads or a soft-capping model leave the step to the dense masked kernel."""
+    config = FocusConfig(mode="hard", selector="indexer", indexer_rank=8, route_queries="kv_head")
+    step = dict(queries=1, keys=4096)
+    assert plan(config, CallFacts(**step, cache="native")).kernel == "indexer_native_step"
+    eager = plan(config, CallFacts(**step, cache="eager"))
+    assert eager.kernel == "indexer_step" and eager.declined == (
+        ("indexer_native_step", "the cache runs no native kernels (FocusCache(native=False))"),)
+    cuda = plan(config, CallFacts(**step, cache="native", device="cuda"))
+    assert cuda.kernel == "indexer_step"
+    assert dict(cuda.declined)["indexer_native_step"] == "the native kernels run on the CPU, the call on cuda"
+    for facts, reason in ((dict(index_current=False), "the key codes are behind the cache"),
+                          (dict(softcap=True), "the model soft-caps its logits")):
+        chosen = plan(config, CallFacts(**step, cache="native", **facts))
+        assert chosen.kernel == "dense_masked" and dict(chosen.declined)["indexer_native_step"] == reason
+    heads = plan(config.replace(dense_heads=["l0h0"]), CallFacts(**step, cache="native"))
+    assert dict(heads.declined)["indexer_step"] == "dense heads (FocusConfig.dense_heads)"

@@ -81,7 +81,8 @@ class FocusCache(GrowingCache):
             if layer_idx not in self.indexes:
                 config = module.focus_config
                 if config.selector == "indexer":  # its keys' codes, not groups
-                    self.indexes[layer_idx] = KeyCodes(keys.shape[0], keys.shape[1], config.indexer_rank, keys.device)
+                    self.indexes[layer_idx] = KeyCodes(keys.shape[0], keys.shape[1], config.indexer_rank, keys.device,
+                                                       self.native)
                 else:
                     self.indexes[layer_idx] = GroupIndex(
                         keys.shape[0], keys.shape[1], config.num_groups, config.top_k, config.sink_tokens,

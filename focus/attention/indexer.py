@@ -34,15 +34,21 @@ QUERY_WEIGHTS = "focus_indexer_query"
 KEY_WEIGHTS = "focus_indexer_key"
 
 
-def indexer_scores(module: nn.Module, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+CODE_DTYPE = torch.bfloat16
+"""The key codes' dtype, where a selection is made: a decoding step reads every cached key's code, so its scoring is
+bound by their bytes (bfloat16 halves them; the ranking moves only among near ties: docs/routers.md)."""
+
+
+def indexer_scores(module: nn.Module, query: torch.Tensor, key: torch.Tensor, stored: bool = False) -> torch.Tensor:
     """The layer's index scores, float32: (B, H, Q, L) per query head, or (B, K, Q, L) per key/value head under
     `route_queries="kv_head"` (the mean of its query heads' scores). query (B, H, Q, D), key (B, K, L, D) as the layer
-    attends with them (rotary embedded). Differentiable in the indexer's weights only."""
+    attends with them (rotary embedded). Differentiable in the indexer's weights only. `stored`: the key codes as a
+    cache stores them (`CODE_DTYPE`, not differentiable): the scores a selection is made by."""
     w_q, w_k = getattr(module, QUERY_WEIGHTS), getattr(module, KEY_WEIGHTS)  # (H, D, r), (K, D, r)
     heads, d = query.shape[1], query.shape[-1]
     k_heads = key.shape[1]
     q = torch.einsum("bhqd,hdr->bhqr", query.detach().float(), w_q).unflatten(1, (k_heads, heads // k_heads))
-    k = torch.einsum("bkld,kdr->bklr", key.detach().float(), w_k)
+    k = key_codes(module, key).float() if stored else torch.einsum("bkld,kdr->bklr", key.detach().float(), w_k)
     scores = torch.einsum("bkgqr,bklr->bkgql", q, k) * d**-0.5  # (B, K, R, Q, L)
     if module.focus_config.route_queries == "kv_head":
         return scores.mean(dim=2)
@@ -50,9 +56,10 @@ def indexer_scores(module: nn.Module, query: torch.Tensor, key: torch.Tensor) ->
 
 
 def key_codes(module: nn.Module, key: torch.Tensor) -> torch.Tensor:
-    """(B, K, L, r) float32 the index codes `k W_k[kv]` of keys (B, K, L, D), as `indexer_scores` computes them: what a
-    `FocusCache` keeps per key (`focus.attention.key_codes.KeyCodes`)."""
-    return torch.einsum("bkld,kdr->bklr", key.detach().float(), getattr(module, KEY_WEIGHTS))
+    """(B, K, L, r) `CODE_DTYPE` the index codes `k W_k[kv]` of keys (B, K, L, D), computed in float32: what a
+    `FocusCache` keeps per key (`focus.attention.key_codes.KeyCodes`) and a selection scores keys by."""
+    with torch.no_grad():
+        return torch.einsum("bkld,kdr->bklr", key.float(), getattr(module, KEY_WEIGHTS)).to(CODE_DTYPE)
 
 
 def indexer_decode_attention(
@@ -72,7 +79,7 @@ def indexer_decode_attention(
     k_heads, k_len = key.shape[1], key.shape[2]
     r = heads // k_heads
     q = torch.einsum("bhd,hdr->bhr", query[:, :, -1].float(), getattr(module, QUERY_WEIGHTS))
-    scores = torch.einsum("bkgr,bklr->bkgl", q.unflatten(1, (k_heads, r)), codes) * d**-0.5  # (B, K, R, L)
+    scores = torch.einsum("bkgr,bklr->bkgl", q.unflatten(1, (k_heads, r)), codes.float()) * d**-0.5  # (B, K, R, L)
     if config.route_queries == "kv_head":
         scores = scores.mean(dim=2, keepdim=True)  # (B, K, 1, L): one selection per key/value head
     valid = None if base_mask is None else base_mask[:, 0, -1, :k_len].bool()  # (B, L)
@@ -134,9 +141,10 @@ def top_scored(scores: torch.Tensor, distant: torch.Tensor, need: torch.Tensor) 
     """(.., Q, L) bool: of each query's `distant` keys (broadcast to `scores` (.., Q, L)), the `need` (.., Q, 1) with
     the highest scores (ties at the threshold all kept, which floats make rare)."""
     distant = distant.expand_as(scores)
-    ranked = scores.masked_fill(~distant, float("-inf")).sort(dim=-1, descending=True).values
     need = need.expand(*scores.shape[:-1], 1)
-    threshold = ranked.gather(-1, (need - 1).clamp_min(0))
+    most = max(int(need.max()), 1)  # the best `most` of each query, not a sort of all its keys (8K keys: 2K kept)
+    ranked = scores.masked_fill(~distant, float("-inf")).topk(min(most, scores.shape[-1]), dim=-1).values
+    threshold = ranked.gather(-1, (need - 1).clamp(0, ranked.shape[-1] - 1))
     return distant & (scores >= threshold) & (need > 0)
 
 

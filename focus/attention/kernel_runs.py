@@ -12,7 +12,7 @@ from focus.attention.call import AttentionCall, CallState
 from focus.attention.decoding import masked_decode_attention, sparse_decode_attention
 from focus.attention.decomposed import decomposed_hard_attention
 from focus.attention.group_index import GroupIndex
-from focus.attention.indexer import indexer_decode_attention
+from focus.attention.indexer import QUERY_WEIGHTS, indexer_decode_attention
 from focus.attention.labels import label
 from focus.attention.native import ROUTE_QUERIES, kernels
 from focus.attention.reference import dense_attention, hard_allowed, sdpa_grouped, unmodified_attention
@@ -24,6 +24,18 @@ def run_indexer_step(state: CallState, call: AttentionCall) -> torch.Tensor:
     with label("focus/indexer_step"):
         return indexer_decode_attention(state.module, call.query, call.key, call.value, state.index.codes,
                                         call.base_mask, call.scaling)
+
+
+def run_indexer_native_step(state: CallState, call: AttentionCall) -> torch.Tensor:
+    """The indexer's step as one native call (`csrc/indexer_step.cpp`): scores from the cached codes, the top keys by
+    a histogram and a partial sort, the kept keys attended in place."""
+    config = state.config
+    with label("focus/indexer_native_step"):
+        return kernels().indexer_step(
+            call.query, call.key, call.value, state.index.codes, getattr(state.module, QUERY_WEIGHTS).detach(),
+            None if call.base_mask is None else call.base_mask[:, :, -1:], config.window, config.sink_tokens,
+            config.budget, config.budget_keys or 0, config.route_queries == "kv_head", call.scaling,
+        )
 
 
 def run_native_step(state: CallState, call: AttentionCall) -> torch.Tensor:

@@ -94,6 +94,16 @@ def _indexer_step(config: FocusConfig, facts: CallFacts) -> str | None:
     return None
 
 
+def _indexer_native_step(config: FocusConfig, facts: CallFacts) -> str | None:
+    if blocker := _indexer_step(config, facts):
+        return blocker
+    if facts.cache != "native":
+        return "the cache runs no native kernels (FocusCache(native=False))"
+    if facts.device != "cpu":
+        return f"the native kernels run on the CPU, the call on {facts.device}"
+    return None
+
+
 def _native_step(config: FocusConfig, facts: CallFacts) -> str | None:
     if blocker := _step_blocker(config, facts):
         return blocker
@@ -180,8 +190,12 @@ def _decomposed_torch(config: FocusConfig, facts: CallFacts) -> str | None:
 
 
 KERNEL_TABLE: tuple[Kernel, ...] = (
+    Kernel("indexer_native_step", "the indexer's decoding step as one native CPU call: scores from the cached key "
+           "codes, the top keys by a histogram and a partial sort, the kept keys attended in place",
+           _indexer_native_step, "a native FocusCache's step of the indexer", runs.run_indexer_native_step,
+           steps_only=True, selector="indexer"),
     Kernel("indexer_step", "a decoding step of the per-key indexer: every distant key scored from its cached code, the "
-           "top ones gathered with the window and the sinks", _indexer_step, "the indexer's step",
+           "top ones gathered with the window and the sinks", _indexer_step, "the indexer's eager step",
            runs.run_indexer_step, steps_only=True, selector="indexer"),
     Kernel("native_step", "a decoding step as one native CPU call: routing, index upkeep, the kept keys' attention",
            _native_step, "a native FocusCache's step on the CPU", runs.run_native_step, steps_only=True),

@@ -7,22 +7,24 @@ from __future__ import annotations
 import torch
 
 from focus.attention.group_index import with_room
+from focus.attention.indexer import CODE_DTYPE
 
 
 class KeyCodes:
-    """One indexer layer's cached key codes: `codes[:, :, :length]` (B, K, length, r) float32, `k W_k[kv]` of each
-    cached key as the layer attends with it (`focus.attention.indexer.key_codes`). Grows by an eighth when full.
+    """One indexer layer's cached key codes: `codes[:, :, :length]` (B, K, length, r) in `indexer.CODE_DTYPE`,
+    `k W_k[kv]` of each cached key as the layer attends with it (`focus.attention.indexer.key_codes`). Grows by an
+    eighth when full.
 
     Answers what the plan asks of a cache's index (`length`, `native`, `sinks_found`): the indexer needs no sinks
-    seen before it steps, and runs the eager step.
+    seen before it steps; `native`: its steps may run the native kernel (the cache's choice, `FocusCache(native=)`).
     """
 
-    native = False
     sinks_found = True
 
-    def __init__(self, batch: int, k_heads: int, rank: int, device):
-        self._codes = torch.zeros(batch, k_heads, 0, rank, dtype=torch.float32, device=device)
+    def __init__(self, batch: int, k_heads: int, rank: int, device, native: bool = False):
+        self._codes = torch.zeros(batch, k_heads, 0, rank, dtype=CODE_DTYPE, device=device)
         self.length = 0
+        self.native = native
 
     @property
     def batch(self) -> int:

@@ -191,8 +191,9 @@ SCENARIOS = [  # (what the user does, FocusConfig changes from hard top-2 query 
     ("its decoding step", {"selector": "quest"}, dict(queries=1, keys=4096, cache="native"), "auto"),
     ("the per-key indexer (selector='indexer'), a prompt of 4K", {"selector": "indexer"},
      dict(queries=4096, keys=4096, cache="eager"), "auto"),
-    ("its decoding step, from the cached key codes", {"selector": "indexer"},
-     dict(queries=1, keys=4096, cache="eager"), "auto"),
+    ("its decoding step, from the cached key codes (generate(), CPU)", {"selector": "indexer"},
+     dict(queries=1, keys=4096, cache="native"), "auto"),
+    ("its step, FocusCache(native=False)", {"selector": "indexer"}, dict(queries=1, keys=4096, cache="eager"), "auto"),
     ("the switch pinned to the oracle: fast_path('dense')", {}, dict(queries=4096, keys=4096), "dense"),
     ("fast_path('torch'), a FocusCache prompt", {}, dict(queries=4096, keys=4096, cache="native"), "torch"),
 ]

@@ -59,7 +59,7 @@ def selected_pairs(
     elif config.selector == "quest":
         kept = quest_keys(query, key, distant, need, valid)
     elif config.selector == "indexer":
-        kept = top_scored(indexer_scores(module, query, key), distant, need)
+        kept = top_scored(indexer_scores(module, query, key, stored=True), distant, need)
     elif config.selector == "clusters":
         positions = key_positions(position_ids, k_len, key.device)
         routed = route_call(module, query, routing_vectors(module, key, positions), base_mask, positions)

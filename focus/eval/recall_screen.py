@@ -153,7 +153,7 @@ def _scorer(module: nn.Module, router: str, query, key, value, base_mask, positi
     heads, k_heads, k_len = query.shape[1], key.shape[1], key.shape[2]
     if router == "indexer":
         def indexer(rows):
-            scores = indexer_scores(module, query[:, :, rows], key)
+            scores = indexer_scores(module, query[:, :, rows], key, stored=True)  # as a selection scores them
             return scores if scores.shape[1] == heads else scores.repeat_interleave(heads // k_heads, dim=1)
         return indexer
     if router == "streaming":

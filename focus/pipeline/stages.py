@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 from safetensors.torch import save_file
+from tqdm.auto import tqdm
 
 from focus.adapter import load_focus, read_adapter_config, save_focus
 from focus.config import FocusConfig, to_dict
@@ -141,7 +142,8 @@ def reference_evaluation(model: torch.nn.Module, eval_data: torch.Tensor, config
     off, which a window covering the rows gives exactly) and of the k-means centroids, soft and hard; the lines and
     starting points that the training curves are read against. Leaves the model in `config`'s mode."""
     found = {}
-    for name, changes in (("pretrained", {"window": eval_data.shape[1]}), ("init_soft", {}), ("init_hard", {})):
+    references = (("pretrained", {"window": eval_data.shape[1]}), ("init_soft", {}), ("init_hard", {}))
+    for name, changes in tqdm(references, desc="reference perplexity", unit="model"):
         set_focus_mode(model, "hard" if name == "init_hard" else "soft", **{"window": config.window, **changes})
         found[name] = math.exp(evaluate_loss(model, eval_data, batch_size=2))
     set_focus_mode(model, config.mode, window=config.window)

@@ -18,7 +18,7 @@ _log = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
 """The C++ sources and the headers they share."""
 
-SOURCES = ("bindings", "step", "route", "rectangle", "rectangle_amx", "segments", "merge")
+SOURCES = ("bindings", "step", "indexer_step", "route", "rectangle", "rectangle_amx", "segments", "merge")
 """The translation units of the extension, `csrc/<name>.cpp`."""
 
 MAX_DIM = 256

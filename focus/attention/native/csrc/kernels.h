@@ -1,5 +1,5 @@
-// The declarations Focus's native kernels share (step.cpp, route.cpp, rectangle.cpp, segments.cpp, merge.cpp): the
-// few ATen headers they use, and the functions bindings.cpp hands to Python.
+// The declarations Focus's native kernels share (step.cpp, indexer_step.cpp, route.cpp, rectangle.cpp, segments.cpp,
+// merge.cpp): the few ATen headers they use, and the functions bindings.cpp hands to Python.
 //
 // Only bindings.cpp includes <torch/python.h>: the kernels include ATen's tensor and op headers alone, which compile
 // several times faster than <torch/extension.h> (the whole C++ frontend and pybind11).
@@ -46,6 +46,12 @@ at::Tensor masked_step(const at::Tensor& query, const at::Tensor& key, const at:
                        const at::Tensor& panel, const at::Tensor& bias, const c10::optional<at::Tensor>& base_mask,
                        const c10::optional<at::Tensor>& dense, double temperature, int64_t top_k, int64_t window,
                        bool route_on_value, int64_t route_queries, c10::optional<double> scaling);
+
+// indexer_step.cpp: one layer's decoding step of the per-key indexer.
+at::Tensor indexer_step(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& codes,
+                        const at::Tensor& query_weights, const c10::optional<at::Tensor>& base_mask, int64_t window,
+                        int64_t sink_tokens, double budget, int64_t budget_keys, bool shared,
+                        c10::optional<double> scaling);
 
 // rectangle.cpp: the query-routed prefill's rectangles.
 std::tuple<at::Tensor, at::Tensor> rectangles(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,

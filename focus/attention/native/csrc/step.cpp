@@ -8,7 +8,7 @@
 
 #include "kernels.h"
 
-#include "online_softmax.h"
+#include "kept_rows.h"
 #include "router.h"
 
 #include <algorithm>
@@ -21,8 +21,7 @@
 
 namespace {
 
-using focus_native::exp_nonpositive;
-using focus_native::raise_maximum;
+using focus_native::KEPT_BLOCK;
 
 // Routes the new key and the query heads of every row (router.h), writes the key's groups and group bits into the
 // index at position L - 1, and returns each query head's group bits (B * H). panel (K [+ H], D, G_pad): the key
@@ -88,7 +87,6 @@ void route(const at::Tensor& query, const at::Tensor& arrived, at::Tensor& key_g
 }
 
 constexpr int64_t CHUNK = 512;  // keys per task: the cache is split so that both cores have work at any batch size
-constexpr int64_t KEPT_BLOCK = 64;  // kept keys scored, weighed and summed together
 
 // One task's chunk of keys for the R query heads of a key/value head: first the keys any of them keeps (with a bit
 // per head that keeps it), then those keys block by block: scores of every head, one rescale per head and block, the
@@ -113,50 +111,8 @@ void attend_chunk(const float* q, const int64_t* mine, int64_t r, int64_t d_runt
     kept[n] = j;
     kept_by[n++] = by;
   }
-  for (int64_t block = 0; block < n; block += KEPT_BLOCK) {
-    const int64_t width = std::min(KEPT_BLOCK, n - block);
-    for (int64_t t = 0; t < width; ++t) {  // scores (R, width): a key row is read once for the R heads
-      const scalar_t* key_row = keys + kept[block + t] * key_step;
-      for (int64_t i = 0; i < r; ++i) {
-        float score = none;
-        if (kept_by[block + t] >> i & 1) {
-          const float* q_i = q + i * d;
-          score = 0;
-#pragma omp simd reduction(+ : score)
-          for (int64_t m = 0; m < d; ++m) score += q_i[m] * static_cast<float>(key_row[m]);
-        }
-        scores[i * KEPT_BLOCK + t] = score;
-      }
-    }
-    for (int64_t i = 0; i < r; ++i) {
-      float* s = scores + i * KEPT_BLOCK;
-      float top = best[i];
-      for (int64_t t = 0; t < width; ++t) top = std::max(top, s[t]);
-      if (top == none) continue;  // this head keeps none of the block's keys, nor kept any before
-      float* acc_i = acc + i * d;
-      if (top > best[i]) raise_maximum(top, best[i], total[i], acc_i, d);
-      float weights = 0.0f;
-#pragma omp simd reduction(+ : weights)
-      for (int64_t t = 0; t < width; ++t) {
-        const float shifted = s[t] - top;
-        const float weight = exp_nonpositive(shifted < 0.0f ? shifted : 0.0f);
-        s[t] = s[t] == none ? 0.0f : weight;
-        weights += s[t];
-      }
-      total[i] += weights;
-      float sum[D > 0 ? D : 1];
-      float* into = D > 0 ? sum : acc_i;  // any head size: summed in place
-      if (D > 0) std::copy(acc_i, acc_i + d, sum);
-      for (int64_t t = 0; t < width; ++t) {
-        if (!(kept_by[block + t] >> i & 1)) continue;
-        const float w = s[t];
-        const scalar_t* value_row = values + kept[block + t] * value_step;
-#pragma omp simd
-        for (int64_t m = 0; m < d; ++m) into[m] += w * static_cast<float>(value_row[m]);
-      }
-      if (D > 0) std::copy(sum, sum + d, acc_i);
-    }
-  }
+  focus_native::attend_rows<scalar_t, D>(q, r, d, keys, values, key_step, value_step, kept, kept_by, n, best, total,
+                                        acc, scores);
 }
 
 // Hard attention of each query head over the keys its mask keeps, read in place: a key is kept when it shares a
@@ -212,26 +168,13 @@ void attend_kept(const at::Tensor& query, const at::Tensor& key, const at::Tenso
   });
   scalar_t* o_data = out.data_ptr<scalar_t>();
   std::vector<float> merged(d);
-  for (int64_t b = 0; b < b_size; ++b) {  // the chunks of each head, merged at their common maximum
-    for (int64_t k = 0; k < k_heads; ++k) {
+  for (int64_t b = 0; b < b_size; ++b)  // the chunks of each head, merged at their common maximum
+    for (int64_t k = 0; k < k_heads; ++k)
       for (int64_t i = 0; i < r; ++i) {
         const int64_t first = (b * k_heads + k) * chunks;
-        float top = -std::numeric_limits<float>::infinity(), sum = 0;
-        for (int64_t c = 0; c < chunks; ++c) top = std::max(top, best[(first + c) * r + i]);
-        std::fill(merged.begin(), merged.end(), 0.0f);
-        for (int64_t c = 0; c < chunks; ++c) {
-          const float part = best[(first + c) * r + i];
-          if (part == -std::numeric_limits<float>::infinity()) continue;  // nothing kept in this chunk
-          const float shrink = std::exp(part - top);
-          sum += total[(first + c) * r + i] * shrink;
-          const float* acc_c = &acc[((first + c) * r + i) * d];
-          for (int64_t m = 0; m < d; ++m) merged[m] += acc_c[m] * shrink;
-        }
-        scalar_t* o_row = o_data + (b * heads + k * r + i) * d;
-        for (int64_t m = 0; m < d; ++m) o_row[m] = static_cast<scalar_t>(merged[m] / sum);
+        focus_native::merge_parts_of_head(&best[first * r + i], &total[first * r + i], &acc[(first * r + i) * d],
+                                          chunks, r, d, merged.data(), o_data + (b * heads + k * r + i) * d);
       }
-    }
-  }
 }
 
 }  // namespace
