@@ -382,6 +382,24 @@ def test_generate_with_the_indexer_steps_through_its_key_codes_as_the_dense_path
     assert isinstance(codes, KeyCodes) and codes.length == 45 and codes.codes.shape == (2, 2, 45, 4)
 
 
+def test_a_prompt_within_the_window_attends_unmodified_and_still_fills_the_key_codes():
+    """Every pair of a prompt no longer than the window is attended as the unmodified model does; the FocusCache still
+    keeps every key's code, so that the steps beyond the window can select."""
+    from focus.attention.decoding import FocusCache
+
+    model = tiny_llama()
+    ids = torch.randint(0, 128, (1, 24), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        expected = model(ids).logits
+    apply_focus(model, FocusConfig(mode="hard", window=32, selector="indexer", indexer_rank=4, budget=0.3),
+                calibration_ids=ids)
+    cache = FocusCache(model)
+    with torch.no_grad():
+        got = model(ids, past_key_values=cache, use_cache=True).logits
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert all(codes.length == 24 for codes in cache.indexes.values())
+
+
 def test_a_count_of_keys_per_query_replaces_the_share():
     """`budget_keys`: each query keeps that many distant keys (all where it has fewer), in the selection and the
     step."""

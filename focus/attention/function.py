@@ -92,7 +92,7 @@ def _attend(module, query, key, value, attention_mask, scaling, dropout, softcap
     if isinstance(index, KeyCodes):  # the indexer's codes of the keys that just arrived, whatever attends
         past = k_len - query.shape[-2]
         index.extend(key_codes(module, key[:, :, past:]), past)
-        if kernel_row(chosen.kernel).selector == "indexer":  # a step of its own (eager or native)
+        if chosen.attention == "hard" and kernel_row(chosen.kernel).selector == "indexer":  # its own step kernels
             return _run(chosen, CallState(module, index), call)
         index = None  # (no groups to index)
     if chosen.router in SELECTORS or chosen.router == "indexer":  # no groups, no index
