@@ -27,8 +27,8 @@ def run_indexer_step(state: CallState, call: AttentionCall) -> torch.Tensor:
 
 
 def run_indexer_native_step(state: CallState, call: AttentionCall) -> torch.Tensor:
-    """The indexer's step as one native call (`csrc/indexer_step.cpp`): scores from the cached codes, the top keys by
-    a histogram and a partial sort, the kept keys attended in place."""
+    """The indexer's step as one native call (`native/csrc/indexer_step.cpp`): scores from the cached codes, the top
+    keys by a histogram and a partial sort, the kept keys attended in place."""
     config = state.config
     with label("focus/indexer_native_step"):
         return kernels().indexer_step(
