@@ -206,7 +206,7 @@ at::Tensor indexer_step(const at::Tensor& query, const at::Tensor& key, const at
         const int64_t from = (task - first_part[s]) * PART;
         const int64_t n = std::max<int64_t>(0, std::min<int64_t>(PART, static_cast<int64_t>(kept[s].size()) - from));
         auto attend = [&](auto head_size) {
-          focus_native::attend_rows<scalar_t, decltype(head_size)::value>(
+          focus_native::attend_rows<scalar_t, decltype(head_size)::value, true>(
               q.data(), per_selection, d, k_data + b * k_batch + k * k_head, v_data + b * v_batch + k * v_head,
               key_step, value_step, kept[s].data() + from, everyone.data(), n, &best[task * per_selection],
               &total[task * per_selection], &acc[task * per_selection * d], scores.data());

@@ -96,7 +96,6 @@ void attend_chunk(const float* q, const int64_t* mine, int64_t r, int64_t d_runt
                   const scalar_t* values, int64_t key_step, int64_t value_step, const int64_t* bits,
                   const bool* allowed, int64_t mask_step, bool all, int64_t local, int64_t from, int64_t stop,
                   float* best, float* total, float* acc, int64_t* kept, int64_t* kept_by, float* scores) {
-  constexpr float none = -std::numeric_limits<float>::infinity();
   const int64_t d = D > 0 ? D : d_runtime;
   int64_t any_bits = 0;  // a key sharing no group with any of the R heads is skipped at once
   for (int64_t i = 0; i < r; ++i) any_bits |= mine[i];
@@ -111,8 +110,8 @@ void attend_chunk(const float* q, const int64_t* mine, int64_t r, int64_t d_runt
     kept[n] = j;
     kept_by[n++] = by;
   }
-  focus_native::attend_rows<scalar_t, D>(q, r, d, keys, values, key_step, value_step, kept, kept_by, n, best, total,
-                                        acc, scores);
+  focus_native::attend_rows<scalar_t, D, false>(q, r, d, keys, values, key_step, value_step, kept, kept_by, n, best,
+                                               total, acc, scores);
 }
 
 // Hard attention of each query head over the keys its mask keeps, read in place: a key is kept when it shares a
