@@ -94,9 +94,8 @@ def _indexer_step(config: FocusConfig, facts: CallFacts) -> str | None:
     return None
 
 
-def _indexer_native_step(config: FocusConfig, facts: CallFacts) -> str | None:
-    if blocker := _indexer_step(config, facts):
-        return blocker
+def _native_cache_step(facts: CallFacts) -> str | None:
+    """Why no native step (the groups' or the indexer's) can take the call, whatever routes it."""
     if facts.cache != "native":
         return "the cache runs no native kernels (FocusCache(native=False))"
     if facts.device != "cpu":
@@ -104,11 +103,13 @@ def _indexer_native_step(config: FocusConfig, facts: CallFacts) -> str | None:
     return None
 
 
+def _indexer_native_step(config: FocusConfig, facts: CallFacts) -> str | None:
+    return _indexer_step(config, facts) or _native_cache_step(facts)
+
+
 def _native_step(config: FocusConfig, facts: CallFacts) -> str | None:
-    if blocker := _step_blocker(config, facts):
+    if blocker := _step_blocker(config, facts) or _native_cache_step(facts):
         return blocker
-    if facts.cache != "native":
-        return "the cache runs no native kernels (FocusCache(native=False))"
     if blocker := _native_blocker(config, facts):
         return blocker
     if not facts.index_current:

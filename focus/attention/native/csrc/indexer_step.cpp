@@ -81,10 +81,9 @@ float kth_largest(const std::vector<float>& values, int64_t need) {
 
 // The keys one selection keeps, in order: its row's first `sink_tokens` real keys before the window, the `need` distant
 // keys with the highest index scores (ties at the threshold taken first to last), and the window's real keys.
-// index_scores: the selection's score of every key.
-std::vector<int64_t> select_keys(const float* index_scores, const bool* allowed, int64_t mask_step,
-                                 int64_t length, int64_t window, int64_t sink_tokens, double budget,
-                                 int64_t budget_keys) {
+// scores: the selection's score of every key, overwritten with -inf for the keys that are not distant.
+std::vector<int64_t> select_keys(float* scores, const bool* allowed, int64_t mask_step, int64_t length, int64_t window,
+                                 int64_t sink_tokens, double budget, int64_t budget_keys) {
   const int64_t start = length - std::min(window, length);
   std::vector<char> sink(start, 0);
   for (int64_t j = 0, found = 0; j < start && found < sink_tokens; ++j) {
@@ -92,16 +91,13 @@ std::vector<int64_t> select_keys(const float* index_scores, const bool* allowed,
     sink[j] = 1;
     ++found;
   }
-  std::vector<float> scores(start);
   std::vector<float> distant;
   distant.reserve(start);
   for (int64_t j = 0; j < start; ++j) {
-    if (sink[j] || (allowed && !allowed[j * mask_step])) {
+    if (sink[j] || (allowed && !allowed[j * mask_step]))
       scores[j] = -std::numeric_limits<float>::infinity();
-      continue;
-    }
-    scores[j] = index_scores[j];
-    distant.push_back(scores[j]);
+    else
+      distant.push_back(scores[j]);
   }
   const int64_t count = static_cast<int64_t>(distant.size());
   const int64_t need = budget_keys > 0 ? std::min(count, budget_keys)
