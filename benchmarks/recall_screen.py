@@ -4,6 +4,7 @@
         --routers loki16=indexer:16 loki32=indexer:32 groups=centroids quest=quest streaming=streaming \\
         trained=adapter:runs/idx/adapter --lengths 512 2048 --tag validation
     ... --ppl 0.1 0.3      # also the perplexity of every selecting router at these budgets, and the oracle's
+    ... --lengths 4096 --ppl-keys 1024 --ppl-rows 8    # from 4K, at these keys per query (routers only)
 
 A router is NAME=SPEC, the spec as `focus.eval.router_screen.build_router` reads it (indexer:RANK[:kv_head],
 centroids, quest, streaming, adapter:FOLDER). Calibration: the first rows of the corpus's train
@@ -44,6 +45,8 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=128)
     parser.add_argument("--ppl", type=float, nargs="*", default=[],
                         help="also perplexity at these shares (selecting routers and the oracle), below 4K")
+    parser.add_argument("--ppl-keys", type=int, nargs="*", default=[],
+                        help="also perplexity at these keys per query (selecting routers), from 4K")
     parser.add_argument("--ppl-rows", type=int, default=32)
     parser.add_argument("--no-ppl-oracle", action="store_true", help="not the oracle's perplexity (a test split)")
     parser.add_argument("--out", default="benchmarks/results")
@@ -60,7 +63,7 @@ def main() -> None:
     out = Path(args.out) / f"recall_screen_{args.tag}"
     screen_routers(model, dict(router.split("=", 1) for router in args.routers), corpora, args.lengths, rows,
                    args.shares, args.keys, args.window, calibration, last_queries=args.last_queries,
-                   ppl_shares=args.ppl, ppl_rows=args.ppl_rows, ppl_oracle=not args.no_ppl_oracle,
+                   ppl_shares=args.ppl, ppl_keys=args.ppl_keys, ppl_rows=args.ppl_rows, ppl_oracle=not args.no_ppl_oracle,
                    report=lambda found, layers, scored: write(out, found, layers, scored, args, commit))
     print(out.with_suffix(".md").read_text())
 

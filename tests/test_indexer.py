@@ -267,6 +267,23 @@ def test_the_screen_stage_writes_its_tables_figures_and_provenance(tmp_path):
         assert (stem.parent / name).stat().st_size > 0, name
 
 
+def test_the_screen_scores_perplexity_at_a_count_of_keys_from_its_long_lengths():
+    """From `long_from` the screen's perplexity is at counts of keys per query (the routers' own, set through
+    `budget_keys`), not the oracle's; below it at shares, the oracle's too. Each budget a different perplexity."""
+    from focus.eval.router_screen import screen_routers
+
+    model = tiny_llama()
+    ids = torch.randint(3, 128, (4096,), generator=torch.Generator().manual_seed(2))
+    _, _, scored = screen_routers(model, {"loki": "indexer:4:kv_head"}, {"corpus": ids}, [32, 64], 1, [0.3], [2, 16],
+                                  window=8, calibration=ids[:64].view(2, 32), long_from=64, last_queries=16,
+                                  ppl_shares=[0.3], ppl_keys=[2, 16], ppl_rows=2)
+    rows = {(row["length"], row["router"], row["budget_kind"], row["budget"]): row for row in scored}
+    assert set(rows) == {(32, "loki", "share", 0.3), (32, "oracle", "share", 0.3), (64, "loki", "keys", 2),
+                         (64, "loki", "keys", 16)}
+    assert rows[(64, "loki", "keys", 2)]["ppl"] != rows[(64, "loki", "keys", 16)]["ppl"]
+    assert all(row["rows"] == 2 for row in scored)
+
+
 def test_a_rank_above_the_head_size_is_refused_before_the_model_is_touched():
     model = tiny_llama()  # head size 8
     with pytest.raises(ValueError, match="indexer_rank 9 exceeds the head size 8"):

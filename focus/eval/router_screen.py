@@ -68,6 +68,7 @@ def screen_routers(
     long_from: int = 4096,
     last_queries: int = 1024,
     ppl_shares: Sequence[float] = (),
+    ppl_keys: Sequence[int] = (),
     ppl_rows: int = 32,
     ppl_oracle: bool = True,
     report: Callable[[list, list, list], None] | None = None,
@@ -77,8 +78,9 @@ def screen_routers(
     Args:
         rows: rows per length (one count for all, or {length: count}); ppl_rows: rows scored for perplexity.
         keys: budgets in keys per query, from `long_from` tokens (then the last `last_queries` queries of each row
-            are measured); below it, `shares`. ppl_shares: perplexity at these shares, below `long_from` only, of the
-            oracle too where `ppl_oracle`.
+            are measured); below it, `shares`. ppl_shares: perplexity at these shares below `long_from`, of the
+            oracle too where `ppl_oracle`; ppl_keys: at these counts per query from `long_from` (not the oracle's:
+            its ranking of every key by the true logits is a sort of L x L per head and layer).
         report: called with the three lists after every corpus and length (write them as they come).
     Returns:
         (recall, per-layer recall, perplexity) rows: corpus, length, router, budget and the shares of
@@ -91,7 +93,8 @@ def screen_routers(
             block = _rows(ids, length, count)
             long = length >= long_from
             budgets = list(keys) if long else list(shares)
-            ppl_block = None if long or not ppl_shares else _rows(ids, length, ppl_rows)
+            ppl_budgets = list(ppl_keys) if long else list(ppl_shares)
+            ppl_block = _rows(ids, length, ppl_rows) if ppl_budgets else None
             pretrained = None
             for name, spec in routers.items():
                 kind = build_router(model, spec, window, calibration)
@@ -105,10 +108,10 @@ def screen_routers(
                         layers += [{**where, "layer": layer, "budget": b, **s} for b, s in zip(budgets, per_budget)]
                     if ppl_block is not None and kind != "centroids":  # the groups keep their top-k, no budget
                         pretrained = pretrained if pretrained is not None else _pretrained(model, ppl_block)
-                        scored += _perplexities(model, where, ppl_block, ppl_shares, pretrained)
+                        scored += _perplexities(model, where, ppl_block, ppl_budgets, pretrained, keys=long)
                 finally:
                     remove_focus(model)
-            if ppl_block is not None and ppl_oracle:
+            if ppl_block is not None and ppl_oracle and not long:
                 apply_focus(model, FocusConfig(window=window), calibration_ids=calibration)
                 try:
                     pretrained = pretrained if pretrained is not None else _pretrained(model, ppl_block)
@@ -133,17 +136,19 @@ def _pretrained(model: PreTrainedModel, rows: torch.Tensor) -> torch.Tensor:
         return row_losses(model, rows, batch_size=1)
 
 
-def _perplexities(model, where: dict, rows: torch.Tensor, shares: Sequence[float], pretrained: torch.Tensor,
-                  oracle: bool = False) -> list[dict]:
+def _perplexities(model, where: dict, rows: torch.Tensor, budgets: Sequence[float], pretrained: torch.Tensor,
+                  oracle: bool = False, keys: bool = False) -> list[dict]:
+    """Perplexity per budget: shares of the distant keys, or counts per query (`keys`)."""
     found = []
-    for share in shares:
+    for budget in budgets:
         if oracle:
-            with oracle_selection(model, share=share):
+            with oracle_selection(model, share=budget):
                 losses = row_losses(model, rows, batch_size=1)
         else:
-            set_focus_mode(model, "hard", budget=share)
+            set_focus_mode(model, "hard", **({"budget_keys": int(budget)} if keys else {"budget": budget}))
             losses = row_losses(model, rows, batch_size=1)
         ratio, low, high = paired_ratio(losses.tolist(), pretrained.tolist())
-        found.append({**where, "budget": share, "ppl": math.exp(float(losses.mean())), "vs_pretrained": ratio,
-                      "low": low, "high": high, "rows": rows.shape[0]})
+        found.append({**where, "budget": budget, "budget_kind": "keys" if keys else "share",
+                      "ppl": math.exp(float(losses.mean())), "vs_pretrained": ratio, "low": low, "high": high,
+                      "rows": rows.shape[0]})
     return found
