@@ -63,7 +63,8 @@ def main() -> None:
     out = Path(args.out) / f"recall_screen_{args.tag}"
     screen_routers(model, dict(router.split("=", 1) for router in args.routers), corpora, args.lengths, rows,
                    args.shares, args.keys, args.window, calibration, last_queries=args.last_queries,
-                   ppl_shares=args.ppl, ppl_keys=args.ppl_keys, ppl_rows=args.ppl_rows, ppl_oracle=not args.no_ppl_oracle,
+                   ppl_shares=args.ppl, ppl_keys=args.ppl_keys, ppl_rows=args.ppl_rows,
+                   ppl_oracle=not args.no_ppl_oracle,
                    report=lambda found, layers, scored: write(out, found, layers, scored, args, commit))
     print(out.with_suffix(".md").read_text())
 
