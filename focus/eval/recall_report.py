@@ -79,8 +79,9 @@ def write_recall_tables(found: list[dict], layers: list[dict], scored: list[dict
     columns = ["corpus", "length", "router", "budget", "recall", "oracle_recall", "of_oracle", "kept"]
     text = f"{provenance_line(command, commit)}\n\n{header}\n\n{markdown_table(frame[columns], '.3g')}\n"
     if scored:
-        text += ("\nPerplexity at a share of each query's distant keys, the ratio to pretrained with its paired 95% "
-                 f"interval over the rows:\n\n{markdown_table(pd.DataFrame(scored), '.4g')}\n")
+        text += ("\nPerplexity at a budget (a share of each query's distant keys, or keys per query: `budget_kind`), "
+                 "the ratio to pretrained with its paired 95% interval over the rows:\n\n"
+                 f"{markdown_table(pd.DataFrame(scored), '.4g')}\n")
     write_text(stem.with_suffix(".md"), text)
     write_json(stem.with_suffix(".provenance.json"), {**provenance(), **({"git_commit": commit} if commit else {}),
                                                       "command": command})
