@@ -357,8 +357,8 @@ def test_the_native_indexer_step_keeps_what_the_eager_one_keeps_at_length_in_bot
 @pytest.mark.parametrize("native", [False, True])
 def test_generate_with_the_indexer_steps_through_its_key_codes_as_the_dense_path_decodes(native):
     """generate() through a FocusCache: the prompt caches every key's code, each step runs the indexer's step from them
-    (`indexer_step` eager, `indexer_native_step` native), the tokens and logits are the dense masked path's (the
-    fast-path switch pinned to it)."""
+    (`indexer_step` eager, `indexer_native_step` native) after its prompt (`indexer_prompt`, `indexer_native_prompt`),
+    the tokens and logits are the dense masked path's (the fast-path switch pinned to it)."""
     import focus.attention.function as function
     from focus.attention.decoding import FocusCache
     from focus.attention.fast_path import fast_path
@@ -391,7 +391,7 @@ def test_generate_with_the_indexer_steps_through_its_key_codes_as_the_dense_path
     finally:
         function.plan = made
     layers = model.config.num_hidden_layers
-    assert kernels[: 6 * layers] == ["dense_masked"] * layers + [
+    assert kernels[: 6 * layers] == ["indexer_native_prompt" if native else "indexer_prompt"] * layers + [
         "indexer_native_step" if native else "indexer_step"] * 5 * layers
     assert torch.equal(out.sequences, dense.sequences)
     torch.testing.assert_close(torch.stack(out.logits), torch.stack(dense.logits), atol=1e-5, rtol=1e-5)

@@ -166,9 +166,10 @@ def test_matrix_units_are_a_row_the_plan_chooses_by_the_calls_dtype_and_the_cpu(
 
 def test_the_indexers_steps_decline_what_they_cannot_compute():
     """The indexer's native step takes a native cache's step on the CPU; the eager step takes the others; a cropped
-    cache, dense heads or a soft-capping model leave the step to the dense masked kernel."""
+    cache leaves the step to the prompt kernel (which scores the keys itself), dense heads or a soft-capping model to
+    the dense masked kernel."""
     config = FocusConfig(mode="hard", selector="indexer", indexer_rank=8, route_queries="kv_head")
-    step = dict(queries=1, keys=4096)
+    step = dict(queries=1, keys=4096, native_kernels=True)
     assert plan(config, CallFacts(**step, cache="native")).kernel == "indexer_native_step"
     eager = plan(config, CallFacts(**step, cache="eager"))
     assert eager.kernel == "indexer_step" and eager.declined == (
@@ -176,9 +177,29 @@ def test_the_indexers_steps_decline_what_they_cannot_compute():
     cuda = plan(config, CallFacts(**step, cache="native", device="cuda"))
     assert cuda.kernel == "indexer_step"
     assert dict(cuda.declined)["indexer_native_step"] == "the native kernels run on the CPU, the call on cuda"
-    for facts, reason in ((dict(index_current=False), "the key codes are behind the cache"),
-                          (dict(softcap=True), "the model soft-caps its logits")):
+    for facts, reason, kernel in (
+            (dict(index_current=False), "the key codes are behind the cache", "indexer_native_prompt"),
+            (dict(softcap=True), "the model soft-caps its logits", "dense_masked")):
         chosen = plan(config, CallFacts(**step, cache="native", **facts))
-        assert chosen.kernel == "dense_masked" and dict(chosen.declined)["indexer_native_step"] == reason
+        assert chosen.kernel == kernel and dict(chosen.declined)["indexer_native_step"] == reason
     heads = plan(config.replace(dense_heads=["l0h0"]), CallFacts(**step, cache="native"))
     assert dict(heads.declined)["indexer_step"] == "dense heads (FocusConfig.dense_heads)"
+
+
+def test_the_indexers_prompts_decline_what_they_cannot_compute():
+    """The native prompt takes the CPU's prompts where the native kernels build, in a native cache or none; the eager
+    prompt takes the others; dense heads, a gradient or a soft-capping model leave it to the dense masked kernel."""
+    config = FocusConfig(mode="hard", selector="indexer", indexer_rank=8, route_queries="kv_head")
+    prompt = dict(queries=4096, keys=4096, native_kernels=True)
+    assert plan(config, CallFacts(**prompt)).kernel == "indexer_native_prompt"
+    assert plan(config, CallFacts(**prompt, cache="native")).kernel == "indexer_native_prompt"
+    for facts, reason in ((dict(cache="eager"), "the cache runs no native kernels (FocusCache(native=False))"),
+                          (dict(device="cuda"), "the native kernels run on the CPU, the call on cuda"),
+                          (dict(native_kernels=False), "the native kernels cannot be built here")):
+        chosen = plan(config, CallFacts(**{**prompt, **facts}))
+        assert chosen.kernel == "indexer_prompt" and chosen.declined == (("indexer_native_prompt", reason),)
+    for changes, facts, reason in (({"dense_heads": ["l0h0"]}, {}, "dense heads (FocusConfig.dense_heads)"),
+                                   ({}, dict(gradients=True), "a gradient flows through the attention"),
+                                   ({}, dict(softcap=True), "the model soft-caps its logits")):
+        chosen = plan(config.replace(**changes), CallFacts(**{**prompt, **facts}))
+        assert chosen.kernel == "dense_masked" and dict(chosen.declined)["indexer_prompt"] == reason

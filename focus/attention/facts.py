@@ -28,7 +28,8 @@ class CallFacts:
     flash_attn: whether flash-attn imports (None: `flash_attn_installed` looks).
     fast_path: the fast-path switch in force (`focus.attention.fast_path`; None: read it when planned).
     dtype: the query's ("float32", "bfloat16", ...). matrix_units: the CPU's bfloat16 matrix units (AMX) may compute
-    it (None: whether this CPU has them and `use_matrix_units` allows them).
+    it (None: whether this CPU has them and `use_matrix_units` allows them). native_kernels: the native kernels are
+    built or load here (None: build them, once per machine, to know: `native.kernels_built`).
     """
 
     queries: int
@@ -51,6 +52,7 @@ class CallFacts:
     fast_path: str | None = None
     dtype: str = "float32"
     matrix_units: bool | None = None
+    native_kernels: bool | None = None
 
     @property
     def decoding_step(self) -> bool:
@@ -65,6 +67,14 @@ class CallFacts:
     @property
     def has_flash_attn(self) -> bool:
         return flash_attn_installed() if self.flash_attn is None else self.flash_attn
+
+    @property
+    def has_native_kernels(self) -> bool:
+        if self.native_kernels is not None:
+            return self.native_kernels
+        from focus.attention.native import kernels_built  # (the build is asked only where a row needs it)
+
+        return kernels_built(required=False)
 
     @property
     def has_matrix_units(self) -> bool:

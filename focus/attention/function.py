@@ -92,8 +92,9 @@ def _attend(module, query, key, value, attention_mask, scaling, dropout, softcap
     if isinstance(index, KeyCodes):  # the indexer's codes of the keys that just arrived, whatever attends
         past = k_len - query.shape[-2]
         index.extend(key_codes(module, key[:, :, past:]), past)
-        if chosen.attention == "hard" and kernel_row(chosen.kernel).selector == "indexer":  # its own step kernels
-            return _run(chosen, CallState(module, index), call)
+    if chosen.attention == "hard" and kernel_row(chosen.kernel).selector == "indexer":  # its own prompt and steps
+        return _run(chosen, CallState(module, index), call)
+    if isinstance(index, KeyCodes):
         index = None  # (no groups to index)
     if chosen.router in SELECTORS or chosen.router == "indexer":  # no groups, no index
         with label("focus/selected"):

@@ -44,15 +44,29 @@ def indexer_scores(module: nn.Module, query: torch.Tensor, key: torch.Tensor, st
     `route_queries="kv_head"` (the mean of its query heads' scores). query (B, H, Q, D), key (B, K, L, D) as the layer
     attends with them (rotary embedded). Differentiable in the indexer's weights only. `stored`: the key codes as a
     cache stores them (`CODE_DTYPE`, not differentiable): the scores a selection is made by."""
-    w_q, w_k = getattr(module, QUERY_WEIGHTS), getattr(module, KEY_WEIGHTS)  # (H, D, r), (K, D, r)
-    heads, d = query.shape[1], query.shape[-1]
-    k_heads = key.shape[1]
-    q = torch.einsum("bhqd,hdr->bhqr", query.detach().float(), w_q).unflatten(1, (k_heads, heads // k_heads))
-    k = key_codes(module, key).float() if stored else torch.einsum("bkld,kdr->bklr", key.detach().float(), w_k)
-    scores = torch.einsum("bkgqr,bklr->bkgql", q, k) * d**-0.5  # (B, K, R, Q, L)
+    k = key_codes(module, key).float() if stored else torch.einsum(
+        "bkld,kdr->bklr", key.detach().float(), getattr(module, KEY_WEIGHTS))
+    return codes_scores(query_codes(module, query), k, query.shape[-1])
+
+
+def query_codes(module: nn.Module, query: torch.Tensor) -> torch.Tensor:
+    """(B, S, Q, r) float32 the codes that score keys, one per selection: per query head (S = H), or under
+    `route_queries="kv_head"` the mean of a key/value head's query heads' codes (S = K; its score of a key is then
+    the mean of theirs, one product instead of R). query (B, H, Q, D)."""
+    w_q = getattr(module, QUERY_WEIGHTS)  # (H, D, r)
+    q = torch.einsum("bhqd,hdr->bhqr", query.detach().float(), w_q)
     if module.focus_config.route_queries == "kv_head":
-        return scores.mean(dim=2)
-    return scores.flatten(1, 2)
+        k_heads = getattr(module, KEY_WEIGHTS).shape[0]
+        return q.unflatten(1, (k_heads, q.shape[1] // k_heads)).mean(dim=2)
+    return q
+
+
+def codes_scores(query_code: torch.Tensor, key_code: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """(B, S, Q, L) the index scores of `query_codes` (B, S, Q, r) against key codes (B, K, L, r), float32, scaled by
+    the head size as the logits are: the one product every selection's scores come from."""
+    s, k_heads = query_code.shape[1], key_code.shape[1]
+    q = query_code.unflatten(1, (k_heads, s // k_heads)) * head_dim**-0.5  # (B, K, S / K, Q, r): r products, not L
+    return (q @ key_code[:, :, None].transpose(-1, -2)).flatten(1, 2)
 
 
 def key_codes(module: nn.Module, key: torch.Tensor) -> torch.Tensor:
@@ -78,10 +92,8 @@ def indexer_decode_attention(
     b, heads, _, d = query.shape
     k_heads, k_len = key.shape[1], key.shape[2]
     r = heads // k_heads
-    q = torch.einsum("bhd,hdr->bhr", query[:, :, -1].float(), getattr(module, QUERY_WEIGHTS))
-    scores = torch.einsum("bkgr,bklr->bkgl", q.unflatten(1, (k_heads, r)), codes.float()) * d**-0.5  # (B, K, R, L)
-    if config.route_queries == "kv_head":
-        scores = scores.mean(dim=2, keepdim=True)  # (B, K, 1, L): one selection per key/value head
+    scores = codes_scores(query_codes(module, query[:, :, -1:]), codes.float(), d)[:, :, 0]  # (B, S, L)
+    scores = scores.unflatten(1, (k_heads, scores.shape[1] // k_heads))  # (B, K, 1 (kv_head) or R, L)
     valid = None if base_mask is None else base_mask[:, 0, -1, :k_len].bool()  # (B, L)
     window = min(config.window, k_len)
     start = k_len - window  # the window: the last `window` keys

@@ -13,6 +13,7 @@ from focus.attention.decoding import masked_decode_attention, sparse_decode_atte
 from focus.attention.decomposed import decomposed_hard_attention
 from focus.attention.group_index import GroupIndex
 from focus.attention.indexer import QUERY_WEIGHTS, indexer_decode_attention
+from focus.attention.indexer_prompt import indexer_prompt_attention, topk_thresholds
 from focus.attention.labels import label
 from focus.attention.native import ROUTE_QUERIES, kernels
 from focus.attention.reference import dense_attention, hard_allowed, sdpa_grouped, unmodified_attention
@@ -36,6 +37,17 @@ def run_indexer_native_step(state: CallState, call: AttentionCall) -> torch.Tens
             None if call.base_mask is None else call.base_mask[:, :, -1:], config.window, config.sink_tokens,
             config.budget, config.budget_keys or 0, config.route_queries == "kv_head", call.scaling,
         )
+
+
+def run_indexer_prompt(state: CallState, call: AttentionCall) -> torch.Tensor:
+    with label("focus/indexer_prompt"):
+        return indexer_prompt_attention(state.module, call, topk_thresholds)
+
+
+def run_indexer_native_prompt(state: CallState, call: AttentionCall) -> torch.Tensor:
+    """The indexer's prompt, each row's threshold by the native histogram (`csrc/indexer_step.cpp`)."""
+    with label("focus/indexer_native_prompt"):
+        return indexer_prompt_attention(state.module, call, kernels().indexer_thresholds)
 
 
 def run_native_step(state: CallState, call: AttentionCall) -> torch.Tensor:

@@ -94,6 +94,26 @@ def _indexer_step(config: FocusConfig, facts: CallFacts) -> str | None:
     return None
 
 
+def _indexer_prompt(config: FocusConfig, facts: CallFacts) -> str | None:
+    if blocker := _pattern_blocker(facts):
+        return blocker
+    if config.dense_heads:
+        return "dense heads (FocusConfig.dense_heads)"
+    return None
+
+
+def _indexer_native_prompt(config: FocusConfig, facts: CallFacts) -> str | None:
+    if blocker := _indexer_prompt(config, facts):
+        return blocker
+    if facts.cache == "eager":
+        return "the cache runs no native kernels (FocusCache(native=False))"
+    if facts.device != "cpu":
+        return f"the native kernels run on the CPU, the call on {facts.device}"
+    if not facts.has_native_kernels:
+        return "the native kernels cannot be built here"
+    return None
+
+
 def _native_cache_step(facts: CallFacts) -> str | None:
     """Why no native step (the groups' or the indexer's) can take the call, whatever routes it."""
     if facts.cache != "native":
@@ -198,6 +218,11 @@ KERNEL_TABLE: tuple[Kernel, ...] = (
     Kernel("indexer_step", "a decoding step of the per-key indexer: every distant key scored from its cached code, the "
            "top ones gathered with the window and the sinks", _indexer_step, "the indexer's eager step",
            runs.run_indexer_step, steps_only=True, selector="indexer"),
+    Kernel("indexer_native_prompt", "the indexer's prompt a block of queries at a time (every causal pair under "
+           "the block's mask), each query's threshold by a native histogram", _indexer_native_prompt,
+           "the indexer's prompt on the CPU", runs.run_indexer_native_prompt, selector="indexer"),
+    Kernel("indexer_prompt", "the indexer's prompt a block of queries at a time, each query's threshold by topk",
+           _indexer_prompt, "the indexer's prompt elsewhere", runs.run_indexer_prompt, selector="indexer"),
     Kernel("native_step", "a decoding step as one native CPU call: routing, index upkeep, the kept keys' attention",
            _native_step, "a native FocusCache's step on the CPU", runs.run_native_step, steps_only=True),
     Kernel("masked_step", "a decoding step over every cached key under the mask the index's group bits make",

@@ -8,6 +8,7 @@
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("masked_step", &masked_step);
   m.def("indexer_step", &indexer_step);
+  m.def("indexer_thresholds", &indexer_thresholds);
   m.def("route_tokens", &route_tokens);
   m.def("router_panel", &router_panel);
   m.def("rectangles", &rectangles);

@@ -225,3 +225,31 @@ at::Tensor indexer_step(const at::Tensor& query, const at::Tensor& key, const at
   });
   return out;
 }
+
+at::Tensor indexer_thresholds(const at::Tensor& scores, const at::Tensor& need) {
+  TORCH_CHECK(scores.device().is_cpu() && scores.scalar_type() == at::kFloat && scores.dim() == 2 &&
+                  scores.stride(1) == 1,
+              "indexer_thresholds: CPU float32 scores (N, L), contiguous along L");
+  TORCH_CHECK(need.scalar_type() == at::kLong && need.dim() == 1 && need.size(0) == scores.size(0),
+              "indexer_thresholds: an int64 count (N,) per row");
+  const int64_t rows = scores.size(0), length = scores.size(1), row_step = scores.stride(0);
+  const auto need_c = need.contiguous();
+  const float* data = scores.data_ptr<float>();
+  const int64_t* counts = need_c.data_ptr<int64_t>();
+  auto out = at::empty({rows}, scores.options());
+  float* thresholds = out.data_ptr<float>();
+  constexpr float inf = std::numeric_limits<float>::infinity();
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    std::vector<float> candidates;
+    candidates.reserve(length);
+    for (int64_t i = begin; i < end; ++i) {
+      candidates.clear();
+      const float* row = data + i * row_step;
+      for (int64_t j = 0; j < length; ++j)
+        if (row[j] != -inf) candidates.push_back(row[j]);
+      const int64_t keep = std::min<int64_t>(counts[i], static_cast<int64_t>(candidates.size()));
+      thresholds[i] = keep <= 0 ? inf : kth_largest(candidates, keep);
+    }
+  });
+  return out;
+}

@@ -52,6 +52,9 @@ at::Tensor indexer_step(const at::Tensor& query, const at::Tensor& key, const at
                         const at::Tensor& query_weights, const c10::optional<at::Tensor>& base_mask, int64_t window,
                         int64_t sink_tokens, double budget, int64_t budget_keys, bool shared,
                         c10::optional<double> scaling);
+// indexer_step.cpp: per row of index scores (N, L), -inf where a key is not a candidate, the `need`-th largest
+// candidate's score (+inf where it keeps none): the threshold of the indexer's prompt (indexer_prompt.py).
+at::Tensor indexer_thresholds(const at::Tensor& scores, const at::Tensor& need);
 
 // rectangle.cpp: the query-routed prefill's rectangles.
 std::tuple<at::Tensor, at::Tensor> rectangles(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,

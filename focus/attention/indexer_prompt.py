@@ -1,0 +1,112 @@
+"""The indexer's prompt: its selection and attention a block of queries at a time, exact, without the whole-call mask.
+
+The dense masked kernel computes a selector's call from one (B, H, Q, L) mask of its pairs (`selectors.
+selected_pairs`): at 8K that is 600 MB of booleans per layer, every key scored per query head and sorted by `topk`,
+and SDPA asked for every pair the causal mask removes (a 4K prompt: 2.2 s a layer here, 19x the unmodified model's).
+This computes the same pairs `PROMPT_QUERIES` queries at a time over the keys up to the block's last query: the keys'
+codes once, one product for the block's scores (a selection's query code against the codes), the threshold of each
+query's top `need` (`thresholds`: a histogram and a partial sort per row in the native row, `topk` in the eager
+one), and SDPA over the block's keys with the query heads of a key/value head sharing its mask.
+
+It is not a sparse kernel: it computes every causal pair under a mask, as the unmodified model computes them
+unmasked. A per-key selection differs per query, so no block of queries shares the keys it keeps; on a CPU the
+unmodified model's attention runs as dense products near the cores' peak, and gathering each query's keys costs more
+than the pairs it saves at 1-2K keys per query (docs/routers.md, the prompt). What it buys is the indexer's prompt at
+a few times the unmodified model's cost instead of 19x, in bounded memory.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from focus.attention.call import AttentionCall
+from focus.attention.indexer import codes_scores, distant_need, key_codes, query_codes
+from focus.attention.reference import local_pairs, model_allowed
+from focus.attention.routing import sink_keys
+
+PROMPT_QUERIES = 256
+"""Queries per block: the block's mask (K x 256 x L booleans) stays small, and SDPA's products stay large."""
+
+Thresholds = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""(scores (N, L), -inf where a key is no candidate; need (N,) int64) -> (N,) the `need`-th largest candidate score
+(+inf where a row keeps none)."""
+
+
+def topk_thresholds(scores: torch.Tensor, need: torch.Tensor) -> torch.Tensor:
+    """`Thresholds` by `topk` of the most any row needs (any device)."""
+    most = max(int(need.max()), 1) if need.numel() else 1
+    ranked = scores.topk(min(most, scores.shape[-1]), dim=-1).values
+    threshold = ranked.gather(-1, (need[:, None] - 1).clamp(0, ranked.shape[-1] - 1))[:, 0]
+    return threshold.masked_fill(need <= 0, float("inf"))
+
+
+def indexer_prompt_attention(
+    module: nn.Module, call: AttentionCall, thresholds: Thresholds, block: int = PROMPT_QUERIES
+) -> torch.Tensor:
+    """(B, H, Q, D) the dense masked reference's output over the indexer's pairs (`selectors.selected_pairs`),
+    `block` queries at a time. The queries are the last Q of the keys; a model mask that lets a query see a later key
+    is computed over every key, the others over the keys up to the block's last query. Rows without a pair (padding)
+    attend anywhere, as the reference's `sdpa_grouped` has them (not NaN)."""
+    config = module.focus_config
+    query, key, value, base_mask = call.query, call.key, call.value, call.base_mask
+    q_len, d, k_len = query.shape[2], query.shape[3], key.shape[2]
+    past = k_len - q_len
+    valid = None if base_mask is None else base_mask.any(dim=-2)[:, 0]  # (B, L) as the reference reads it
+    sinks = sink_keys(valid, k_len, config.sink_tokens, key.device) if config.sink_tokens else None
+    codes = key_codes(module, key).float()  # (B, K, L, r): as a cache stores them
+    selection_codes = query_codes(module, query)  # (B, S, Q, r)
+    scale = call.scaling if call.scaling is not None else 1 / math.sqrt(d)
+    out = torch.empty_like(query)
+    for start in range(0, q_len, block):
+        stop = min(q_len, start + block)
+        end = past + stop
+        if base_mask is not None and bool(base_mask[:, :, start:stop, end:k_len].any()):
+            end = k_len  # (not a causal mask: every key)
+        rows = None if base_mask is None else base_mask[:, :, start:stop, :end]
+        allowed = model_allowed(rows, stop - start, end, key.device)  # (B or 1, 1, c, e)
+        # the block's rows of the window's pairs: its queries are the last of the keys up to `end`, or, over every
+        # key, the first of the queries from `start` on
+        free = local_pairs(q_len - start if end == k_len else stop - start, end, config.window, key.device)
+        free = free[None, None, : stop - start]
+        if sinks is not None:
+            free = free | sinks[:, None, None, :end]
+        distant = allowed & ~free
+        need = distant_need(config, distant.sum(dim=-1, keepdim=True))  # (B or 1, 1, c, 1)
+        scores = codes_scores(selection_codes[:, :, start:stop], codes[:, :, :end], d)  # (B, S, c, e)
+        kept = _top(scores, distant, need, thresholds)
+        pairs = (free | kept) & allowed  # (B, S, c, e)
+        if base_mask is not None:  # (a causal row always has its own key)
+            pairs = pairs | ~pairs.any(dim=-1, keepdim=True)  # rows without a pair attend anywhere, not NaN
+        out[:, :, start:stop] = _attend(query[:, :, start:stop], key[:, :, :end], value[:, :, :end], pairs, scale,
+                                        call.dropout)
+    return out
+
+
+def _top(scores: torch.Tensor, distant: torch.Tensor, need: torch.Tensor, thresholds: Thresholds) -> torch.Tensor:
+    """(B, S, c, e) `indexer.top_scored`'s keys, each row's threshold found by `thresholds`."""
+    candidates = scores.masked_fill(~distant, float("-inf"))
+    rows = need.expand(*scores.shape[:-1], 1).reshape(-1)
+    threshold = thresholds(candidates.reshape(-1, scores.shape[-1]), rows).view(*scores.shape[:-1], 1)
+    return distant & (scores >= threshold)
+
+
+def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pairs: torch.Tensor, scale: float,
+            dropout: float) -> torch.Tensor:
+    """(B, H, c, D) SDPA over `pairs` (B, S, c, e), S = K (a key/value head's query heads share its mask: each key/
+    value head is a batch of R query heads against one) or H."""
+    b, heads, c, d = query.shape
+    k_heads, e = key.shape[1], key.shape[2]
+    if pairs.shape[1] == k_heads and heads != k_heads:
+        r = heads // k_heads
+        out = F.scaled_dot_product_attention(
+            query.reshape(b * k_heads, r, c, d), key.reshape(b * k_heads, 1, e, d), value.reshape(b * k_heads, 1, e, d),
+            attn_mask=pairs.expand(b, k_heads, c, e).reshape(b * k_heads, 1, c, e), dropout_p=dropout, scale=scale,
+            enable_gqa=True)
+        return out.view(b, heads, c, d)
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=pairs.expand(b, -1, c, e), dropout_p=dropout,
+                                          scale=scale, enable_gqa=heads != k_heads)
