@@ -18,7 +18,7 @@ a few times the unmodified model's cost instead of 19x, in bounded memory.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -49,19 +49,34 @@ def indexer_prompt_attention(
     module: nn.Module, call: AttentionCall, thresholds: Thresholds, block: int = PROMPT_QUERIES
 ) -> torch.Tensor:
     """(B, H, Q, D) the dense masked reference's output over the indexer's pairs (`selectors.selected_pairs`),
-    `block` queries at a time. The queries are the last Q of the keys; a model mask that lets a query see a later key
-    is computed over every key, the others over the keys up to the block's last query. Rows without a pair (padding)
-    attend anywhere, as the reference's `sdpa_grouped` has them (not NaN)."""
+    `block` queries at a time (`prompt_blocks`). Rows without a pair (padding) attend anywhere, as the reference's
+    `sdpa_grouped` has them (not NaN)."""
+    query, key, value = call.query, call.key, call.value
+    scale = call.scaling if call.scaling is not None else 1 / math.sqrt(query.shape[-1])
+    out = torch.empty_like(query)
+    for start, stop, end, pairs in prompt_blocks(module, call, thresholds, block):
+        if call.base_mask is not None:  # (a causal row always has its own key)
+            pairs = pairs | ~pairs.any(dim=-1, keepdim=True)
+        out[:, :, start:stop] = _attend(query[:, :, start:stop], key[:, :, :end], value[:, :, :end], pairs, scale,
+                                        call.dropout)
+    return out
+
+
+def prompt_blocks(
+    module: nn.Module, call: AttentionCall, thresholds: Thresholds, block: int = PROMPT_QUERIES
+) -> Iterator[tuple[int, int, int, torch.Tensor]]:
+    """The indexer's pairs of a call, `block` queries at a time: (start, stop, end, pairs (B, S, stop - start, end))
+    for queries start..stop-1 over keys 0..end-1, S = K (one selection per key/value head) or H: the router's whole
+    work. The queries are the last Q of the keys; a model mask that lets a query see a later key is taken over every
+    key, the others over the keys up to the block's last query."""
     config = module.focus_config
-    query, key, value, base_mask = call.query, call.key, call.value, call.base_mask
+    query, key, base_mask = call.query, call.key, call.base_mask
     q_len, d, k_len = query.shape[2], query.shape[3], key.shape[2]
     past = k_len - q_len
     valid = None if base_mask is None else base_mask.any(dim=-2)[:, 0]  # (B, L) as the reference reads it
     sinks = sink_keys(valid, k_len, config.sink_tokens, key.device) if config.sink_tokens else None
     codes = key_codes(module, key).float()  # (B, K, L, r): as a cache stores them
     selection_codes = query_codes(module, query)  # (B, S, Q, r)
-    scale = call.scaling if call.scaling is not None else 1 / math.sqrt(d)
-    out = torch.empty_like(query)
     for start in range(0, q_len, block):
         stop = min(q_len, start + block)
         end = past + stop
@@ -78,13 +93,7 @@ def indexer_prompt_attention(
         distant = allowed & ~free
         need = distant_need(config, distant.sum(dim=-1, keepdim=True))  # (B or 1, 1, c, 1)
         scores = codes_scores(selection_codes[:, :, start:stop], codes[:, :, :end], d)  # (B, S, c, e)
-        kept = _top(scores, distant, need, thresholds)
-        pairs = (free | kept) & allowed  # (B, S, c, e)
-        if base_mask is not None:  # (a causal row always has its own key)
-            pairs = pairs | ~pairs.any(dim=-1, keepdim=True)  # rows without a pair attend anywhere, not NaN
-        out[:, :, start:stop] = _attend(query[:, :, start:stop], key[:, :, :end], value[:, :, :end], pairs, scale,
-                                        call.dropout)
-    return out
+        yield start, stop, end, (free | _top(scores, distant, need, thresholds)) & allowed
 
 
 def _top(scores: torch.Tensor, distant: torch.Tensor, need: torch.Tensor, thresholds: Thresholds) -> torch.Tensor:
