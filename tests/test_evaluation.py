@@ -382,3 +382,24 @@ def test_a_router_at_the_oracles_recall_must_be_no_worse(tmp_path, wikitext2, of
     if verdict != UNTESTED:
         assert f"idx: {of_oracle:.1%} of the oracle's mass at 30% of the distant keys" in row["setting"]
         assert ("worse beyond the noise: idx-hard on wikitext2" in row["ours"]) == (verdict == FAILS)
+
+
+@pytest.mark.parametrize(("low", "kept", "verdict"), [(-0.001, 0.27, HOLDS), (0.002, 0.27, FAILS),
+                                                      (0.002, 0.45, HOLDS)])
+def test_the_screens_long_perplexity_joins_the_oracle_recall_verdict(tmp_path, low, kept, verdict):
+    """The screen's perplexity of the router at 8K and 2,048 keys per query counts where those keys keep at most 30%
+    (+2%) of the distant pairs: worse beyond the noise there fails the claim; at a larger share it is not asked."""
+    from focus.report.tables import perplexity_frame
+
+    records = _perplexity_records(tmp_path, {"idx-hard": {"books": 0.0, "wikitext2": 0.0}}, {})
+    screen = pd.DataFrame({"corpus": "wikitext2", "length": [512, 512, 8192], "router": "idx",
+                           "budget_kind": ["share", "share", "keys"], "spec": "adapter:results/r/train/m/idx/adapter",
+                           "budget": [0.1, 0.3, 2048], "of_oracle": [0.9, 0.97, 0.97], "kept": [0.1, 0.3, kept]})
+    long = pd.DataFrame({"corpus": ["wikitext2"], "length": [8192], "router": ["idx"], "budget": [2048],
+                         "budget_kind": ["keys"], "vs_pretrained": [low + 0.001], "low": [low], "high": [low + 0.002]})
+    claim = "a router that reaches the oracle's recall is no worse at <= 30% of the distant pairs"
+    row = judge_claims({"main_model": "m", "train_domain": "books", "recall_screen": screen,
+                        "recall_screen_perplexity": long, "perplexity": perplexity_frame(records)}
+                       ).set_index("claim").loc[claim]
+    assert row["verdict"] == verdict
+    assert ("idx at 8192, 2048 keys, on wikitext2" in row["ours"]) == (kept < 0.3)

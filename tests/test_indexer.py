@@ -253,8 +253,14 @@ def test_the_screen_stage_writes_its_tables_figures_and_provenance(tmp_path):
     stem = tmp_path / "tables" / "recall_screen"
     recall_screen("tiny:llama", "float32", {"loki": "indexer:4:kv_head", "groups": "centroids"}, {"corpus": tokens},
                   tokens, seq_len=32, calibration_rows=2, window=8, split="validation", lengths=[32, 48], rows=2,
-                  shares=[0.2, 0.5], keys=[8], last_queries=16, stem=stem, command="snakemake tables/recall_screen.csv")
+                  shares=[0.2, 0.5], keys=[8], last_queries=16, stem=stem, command="snakemake tables/recall_screen.csv",
+                  ppl_shares=[0.5], ppl_rows=2, ppl_routers=["loki"])
     import pandas as pd
+
+    scored = pd.read_csv(stem.parent / "recall_screen_perplexity.csv")  # the router asked for, and the oracle
+    assert sorted(set(zip(scored["router"], scored["length"]))) == [("loki", 32), ("loki", 48), ("oracle", 32),
+                                                                    ("oracle", 48)]
+    assert (scored["budget"] == 0.5).all() and (scored["rows"] == 2).all()
 
     frame = pd.read_csv(stem.with_suffix(".csv"))
     assert sorted(set(zip(frame["router"], frame["length"]))) == [("groups", 32), ("groups", 48), ("loki", 32),

@@ -107,12 +107,15 @@ def test_study_profile_resolves_its_designs_and_the_splits_they_are_chosen_on():
 
 def test_routers_profile_trains_the_indexer_and_screens_it_beside_the_untrained_routers():
     profile = resolve_profile(yaml.safe_load((ROOT / "configs" / "routers.yaml").read_text()), SCHEMA)
-    indexer = profile["models"]["smollm2"]["variants"]["indexer16"]
-    assert (indexer["selector"], indexer["indexer_rank"], indexer["route_queries"]) == ("indexer", 16, "kv_head")
+    indexer = profile["models"]["smollm2"]["variants"]["indexer32"]
+    assert (indexer["selector"], indexer["indexer_rank"], indexer["route_queries"]) == ("indexer", 32, "kv_head")
     assert indexer["objective"] == "attention_recall" and indexer["mode"] == "hard"
+    assert profile["train"]["seq_len"] == 2048  # the chosen router trains on rows of 2K (docs/routers.md)
     screen = profile["recall_screen"]
-    assert screen["model"] == "smollm2" and screen["split"] == "validation" and screen["keys"] == [256, 512, 1024, 2048]
-    assert screen["routers"]["indexer16"] == "variant:indexer16"
+    assert screen["model"] == "smollm2" and screen["split"] == "validation" and screen["keys"] == [256, 1024, 2048]
+    assert screen["routers"]["indexer32"] == "variant:indexer32" and 8192 in screen["lengths"]
+    assert (screen["ppl_shares"], screen["ppl_keys"], screen["ppl_routers"]) == ([0.3], [2048], ["loki32", "indexer32"])
+    assert resolve_profile(tiny(), SCHEMA).get("recall_screen") is None
 
 
 def test_method_variant():
@@ -212,6 +215,11 @@ BAD = {
     "screen of a corpus without its split": (
         lambda c: c.update(recall_screen={"domains": ["wikitext2"], "lengths": [512], "routers": {"q": "quest"}}),
         "recall_screen.domains: 'wikitext2' needs its 'validation' split",
+    ),
+    "screen perplexity of a router it does not screen": (
+        lambda c: c.update(recall_screen={"domains": ["books"], "lengths": [512], "routers": {"q": "quest"},
+                                          "ppl_routers": ["loki"]}),
+        "recall_screen.ppl_routers: 'loki' is not one of its routers ['q']",
     ),
     "screen router spec the screen cannot build": (
         lambda c: c.update(recall_screen={"domains": ["books"], "lengths": [512], "routers": {"x": "oracle"}}),

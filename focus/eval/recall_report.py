@@ -67,8 +67,9 @@ def _finish(fig, axes, ylabel: str, figure: str | Path) -> None:
 def write_recall_tables(found: list[dict], layers: list[dict], scored: list[dict], stem: str | Path, header: str,
                         command: str, commit: str | None = None) -> None:
     """The screen's record: <stem>.csv (per router, corpus, length and budget), <stem>_layers.csv (per layer),
-    <stem>.md (the table, the perplexities when measured, `header` and the provenance line naming `command` and
-    `commit`, the one the run started at),
+    <stem>_perplexity.csv (per router, corpus, length and budget, where `scored`), <stem>.md (the table, the
+    perplexities when measured, `header` and the provenance line naming `command` and `commit`, the one the run
+    started at),
     <stem>.provenance.json and the figures <stem>.png / .svg (`plot_recall`) and <stem>_layers.png / .svg
     (`plot_recall_layers`)."""
     stem = Path(stem)
@@ -79,6 +80,7 @@ def write_recall_tables(found: list[dict], layers: list[dict], scored: list[dict
     columns = ["corpus", "length", "router", "budget", "recall", "oracle_recall", "of_oracle", "kept"]
     text = f"{provenance_line(command, commit)}\n\n{header}\n\n{markdown_table(frame[columns], '.3g')}\n"
     if scored:
+        write_text(stem.parent / f"{stem.name}_perplexity.csv", pd.DataFrame(scored).to_csv(index=False))
         text += ("\nPerplexity at a budget (a share of each query's distant keys, or keys per query: `budget_kind`), "
                  "the ratio to pretrained with its paired 95% interval over the rows:\n\n"
                  f"{markdown_table(pd.DataFrame(scored), '.4g')}\n")

@@ -18,7 +18,7 @@ query from it (what DeepSeek's DSA keeps: a count).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import torch
 from transformers import PreTrainedModel
@@ -72,6 +72,7 @@ def screen_routers(
     ppl_rows: int = 32,
     ppl_oracle: bool = True,
     report: Callable[[list, list, list], None] | None = None,
+    ppl_routers: Collection[str] | None = None,
 ) -> tuple[list[dict], list[dict], list[dict]]:
     """Screen `routers` ({name: spec}) on `corpora` ({name: (T,) token ids of the split to screen on}).
 
@@ -80,7 +81,8 @@ def screen_routers(
         keys: budgets in keys per query, from `long_from` tokens (then the last `last_queries` queries of each row
             are measured); below it, `shares`. ppl_shares: perplexity at these shares below `long_from`, of the
             oracle too where `ppl_oracle`; ppl_keys: at these counts per query from `long_from` (not the oracle's:
-            its ranking of every key by the true logits is a sort of L x L per head and layer).
+            its ranking of every key by the true logits is a sort of L x L per head and layer). ppl_routers: the
+            routers scored for perplexity (None: every one that selects keys).
         report: called with the three lists after every corpus and length (write them as they come).
     Returns:
         (recall, per-layer recall, perplexity) rows: corpus, length, router, budget and the shares of
@@ -106,7 +108,8 @@ def screen_routers(
                                       "budget_kind": "keys" if long else "share", **shares_at})
                     for layer, per_budget in enumerate(result["layers"]):
                         layers += [{**where, "layer": layer, "budget": b, **s} for b, s in zip(budgets, per_budget)]
-                    if ppl_block is not None and kind != "centroids":  # the groups keep their top-k, no budget
+                    # (the groups keep their top-k, no budget)
+                    if ppl_block is not None and kind != "centroids" and (ppl_routers is None or name in ppl_routers):
                         pretrained = pretrained if pretrained is not None else _pretrained(model, ppl_block)
                         scored += _perplexities(model, where, ppl_block, ppl_budgets, pretrained, keys=long)
                 finally:

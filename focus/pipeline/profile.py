@@ -104,7 +104,8 @@ def _recall_screen_dict(section: dict[str, Any], variants: dict[str, Any], model
                         data: dict[str, Any]) -> dict[str, Any]:
     """The `recall_screen` section with its defaults and its model, domains and variant routers checked."""
     screen = {"model": next(iter(models)), "split": "validation", "rows": 4, "shares": [0.05, 0.1, 0.2, 0.3, 0.5],
-              "keys": [256, 512, 1024, 2048], "last_queries": 1024, **section}
+              "keys": [256, 512, 1024, 2048], "last_queries": 1024, "ppl_shares": [], "ppl_keys": [], "ppl_rows": 8,
+              "ppl_routers": None, **section}
     if screen["model"] not in models:
         raise ConfigError(f"recall_screen.model: {screen['model']!r} is not one of this profile's models "
                           f"{sorted(models)}")
@@ -116,6 +117,10 @@ def _recall_screen_dict(section: dict[str, Any], variants: dict[str, Any], model
         if spec.startswith("variant:") and spec.removeprefix("variant:") not in variants:
             raise ConfigError(f"recall_screen.routers.{name}: {spec!r} names no variant of this profile "
                               f"{sorted(variants)}")
+    for name in screen["ppl_routers"] or []:
+        if name not in screen["routers"]:
+            raise ConfigError(f"recall_screen.ppl_routers: {name!r} is not one of its routers "
+                              f"{sorted(screen['routers'])}")
     return screen
 
 

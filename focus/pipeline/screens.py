@@ -32,21 +32,29 @@ def recall_screen(
     last_queries: int,
     stem: str | Path,
     command: str,
+    ppl_shares: Sequence[float] = (),
+    ppl_keys: Sequence[int] = (),
+    ppl_rows: int = 8,
+    ppl_routers: Sequence[str] | None = None,
 ) -> None:
     """Screen `routers` ({name: spec}; `adapter:FOLDER` for a trained variant) of `source` on the `split` of each
     corpus in `tokens` ({corpus: prepare_tokens file}), calibrated on the first `calibration_rows` rows of
-    `seq_len` of `train_tokens`' train split (what a training job starts from); writes `stem`.csv / .md /
+    `seq_len` of `train_tokens`' train split (what a training job starts from), and score their perplexity at
+    `ppl_shares` / `ppl_keys` on `ppl_rows` rows (`ppl_routers`, default every selecting one; the oracle's too on a
+    validation split); writes `stem`.csv / .md /
     _layers.csv / .png (`focus.report.recall.write_recall_tables`) once every corpus and length is measured."""
     commit = git_commit()  # the checkout may move on while the screen runs
     torch.manual_seed(0)
     model, _ = load_model(source, _DTYPES[dtype], inference_device())
     calibration = chunk_tokens(read_tokens(train_tokens, "train"), seq_len)[:calibration_rows]
     corpora = {corpus: read_tokens(path, split) for corpus, path in tokens.items()}
-    found, layers, _ = screen_routers(model, routers, corpora, lengths, rows, shares, keys, window, calibration,
-                                      last_queries=last_queries)
+    found, layers, scored = screen_routers(model, routers, corpora, lengths, rows, shares, keys, window, calibration,
+                                           last_queries=last_queries, ppl_shares=ppl_shares, ppl_keys=ppl_keys,
+                                           ppl_rows=ppl_rows, ppl_oracle=split == "validation",
+                                           ppl_routers=ppl_routers)
     header = (f"{source}, {dtype}, {split} split, window {window}. Per router and budget: recall = the distant "
               "attention mass kept / the distant mass (beyond the window, sinks excluded), oracle_recall = the "
               "heaviest distant keys' mass at the same count per query, of_oracle = their ratio, kept = the share of "
               f"distant pairs. Budgets: shares of each query's distant keys below 4K tokens, keys per query from 4K "
               f"(the last {last_queries} queries of each row); {rows} rows per corpus and length.")
-    write_recall_tables(found, layers, [], stem, header, command, commit)
+    write_recall_tables(found, layers, scored, stem, header, command, commit)

@@ -274,12 +274,15 @@ def _oracle_recall_router(r):
     """Each trained router of the recall screen (`adapter:` spec of a variant, tables/recall_screen.csv) at the largest
     budget up to NO_WORSE_BUDGET of the distant keys: if it keeps at least ORACLE_SHARE of the oracle's mass there,
     its hard perplexity (`<variant>-hard`) on every domain scored must be no worse than pretrained's, that is its paired
-    95% interval reaches down to zero or below. Holds when every such router is no worse everywhere; does not hold when
-    one is worse beyond the noise somewhere; not testable when no router reaches the oracle's recall or none was
-    scored for perplexity."""
+    95% interval reaches down to zero or below; so must the screen's own perplexity of the router
+    (tables/recall_screen_perplexity.csv, where scored) at every length, at shares up to NO_WORSE_BUDGET or at counts
+    of keys per query that keep up to NO_WORSE_BUDGET (+ SAME_BUDGET) of the distant pairs. Holds when every such
+    router is no worse everywhere; does not hold when one is worse beyond the noise somewhere; not testable when no
+    router reaches the oracle's recall or none was scored for perplexity."""
     screen, perplexity = r.get("recall_screen"), r.get("perplexity")
     if screen is None or perplexity is None or "change_low" not in perplexity:
         return None
+    long = _screen_perplexity(screen, r.get("recall_screen_perplexity"))
     trained = screen[screen["spec"].str.startswith("adapter:") & (screen["budget_kind"] == "share")
                      & (screen["budget"] <= NO_WORSE_BUDGET + 1e-9)]
     found, worse, setting = [], [], []
@@ -298,10 +301,30 @@ def _oracle_recall_router(r):
                          f"{row.change_high:+.2%}]")
             if row.change_low > 0:
                 worse.append(f"{variant}-hard on {row.domain}")
+        for row in long[long["router"] == router].itertuples():
+            at_budget = f"{row.budget:.0%}" if row.budget_kind == "share" else f"{int(row.budget)} keys"
+            where = f"{router} at {row.length}, {at_budget}, on {row.corpus}"
+            found.append(f"{where} {row.vs_pretrained:+.2%} [{row.low:+.2%}, {row.high:+.2%}]")
+            if row.low > 0:
+                worse.append(where)
     if not found:
         return None
     ours = "; ".join(found) + (f"; worse beyond the noise: {', '.join(worse)}" if worse else "")
     return ours, "; ".join(setting), FAILS if worse else HOLDS
+
+
+def _screen_perplexity(screen: pd.DataFrame, scored: pd.DataFrame | None) -> pd.DataFrame:
+    """The screen's perplexity rows (router, corpus, length, budget, vs_pretrained, low, high) at most
+    NO_WORSE_BUDGET of the distant pairs: shares up to it, counts of keys whose screened `kept` share is within
+    SAME_BUDGET of it (empty where the screen scored none)."""
+    if scored is None or scored.empty:
+        return pd.DataFrame(columns=["router", "corpus", "length", "budget", "budget_kind", "vs_pretrained", "low",
+                                     "high"])
+    kept = screen.set_index(["router", "corpus", "length", "budget"])["kept"]
+    by_keys = scored["budget_kind"] == "keys"
+    share = scored["budget"].where(~by_keys, [kept.get((r.router, r.corpus, r.length, r.budget), float("inf"))
+                                               for r in scored.itertuples()])
+    return scored[share <= NO_WORSE_BUDGET + (by_keys * SAME_BUDGET) + 1e-9]
 
 
 CLAIMS = (

@@ -23,6 +23,7 @@ if RECALL:
             figure_layers=report(FIGURES["recall_screen"].replace(".png", "_layers.png"),
                                  caption="../report/recall_screen.rst", category="Routers"),
             figure_layers_svg=FIGURES["recall_screen"].replace(".png", "_layers.svg"),
+            **({"perplexity": TABLES["recall_screen_perplexity"]} if "recall_screen_perplexity" in TABLES else {}),
         log:
             f"{R}/logs/recall_screen.log",
         params:
@@ -32,7 +33,8 @@ if RECALL:
             routers=recall_routers(),
             settings={"seq_len": P["train"]["seq_len"], "calibration_rows": P["train"].get("calibration_rows", 8),
                       "window": next(iter(P["models"][RECALL["model"]]["variants"].values()))["window"],
-                      **{key: RECALL[key] for key in ("split", "lengths", "rows", "shares", "keys", "last_queries")}},
+                      **{key: RECALL[key] for key in ("split", "lengths", "rows", "shares", "keys", "last_queries", "ppl_shares",
+                                                "ppl_keys", "ppl_rows", "ppl_routers")}},
         threads: 1
         script:
             "../scripts/recall_screen.py"
