@@ -81,6 +81,22 @@ def test_tiny_profile_on_the_slurm_executor_asks_for_no_gpu(tmp_path):
     assert sum("gpu=0" in line for line in resources) > 40  # training and evaluation jobs say so
 
 
+def test_a_variant_with_its_own_training_corpus_plans_its_job_on_it(tmp_path):
+    """A variant's `train.domain` is its training job's input (tokenized for it), the other variant's the profile's."""
+    config = json.loads(json.dumps(MINI))
+    config["models"] = {"tiny-qwen2": {"source": "tiny:qwen2"}}
+    config["data"]["domains"]["nonfiction"] = ["train"]
+    config["variants"] = {"focus": {}, "broad": {"train": {"domain": "nonfiction", "eval_rows": 0}}}
+    for section in ("lora", "harness", "long_context", "interpret", "peers", "study", "benchmark"):
+        config.pop(section)
+    result = snakemake(tmp_path, "--configfile", str(write_config(tmp_path, config)), "-n")
+    jobs = {re.search(r"wildcards: (.*)", block)[1]: block for block in result.stdout.split("\n\n")
+            if "rule train_focus:" in block}
+    assert set(jobs) == {"model=tiny-qwen2, variant=focus", "model=tiny-qwen2, variant=broad"}
+    assert "input: results/mini/data/tiny-qwen2/books.safetensors" in jobs["model=tiny-qwen2, variant=focus"]
+    assert "input: results/mini/data/tiny-qwen2/nonfiction.safetensors" in jobs["model=tiny-qwen2, variant=broad"]
+
+
 def test_an_empty_profile_is_refused_not_read_as_the_tiny_one(tmp_path):
     (tmp_path / "empty.yaml").write_text("{}\n")
     result = snakemake(tmp_path, "--configfile", str(tmp_path / "empty.yaml"), "-n", check=False)

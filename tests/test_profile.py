@@ -114,8 +114,26 @@ def test_routers_profile_trains_the_indexer_and_screens_it_beside_the_untrained_
     screen = profile["recall_screen"]
     assert screen["model"] == "smollm2" and screen["split"] == "validation" and screen["keys"] == [256, 1024, 2048]
     assert screen["routers"]["indexer32"] == "variant:indexer32" and 8192 in screen["lengths"]
-    assert (screen["ppl_shares"], screen["ppl_keys"], screen["ppl_routers"]) == ([0.3], [2048], ["loki32", "indexer32"])
+    assert (screen["ppl_shares"], screen["ppl_keys"]) == ([0.3], [2048])
+    assert screen["ppl_routers"] == ["loki32", "indexer32_512", "indexer32"]
+    short = profile["models"]["smollm2"]["training"]["indexer32_512"]  # the same router on rows of 512
+    assert short["rows"]["seq_len"] == 512 and short["centroids"]["batch_size"] == 4
     assert resolve_profile(tiny(), SCHEMA).get("recall_screen") is None
+
+
+def test_a_variant_trains_on_its_own_rows_corpus_and_budget():
+    """A variant's `train` changes reach only its training job: row length, corpus mixture, TrainConfig; the others
+    keep the profile's `train`."""
+    config = tiny()
+    config["data"]["domains"]["nonfiction"] = ["train", "test"]
+    config["variants"] = {"focus": {}, "long": {"window": 64, "train": {
+        "seq_len": 1024, "broad": "nonfiction", "broad_share": 0.5, "centroids": {"batch_size": 1, "steps": 7}}}}
+    smollm2 = resolve_profile(config, SCHEMA)["models"]["smollm2"]
+    base, long = smollm2["training"]["focus"], smollm2["training"]["long"]
+    assert base["rows"]["seq_len"] == 512 and base["centroids"] == smollm2["centroids"] and base["broad"] is None
+    assert long["rows"]["seq_len"] == 1024 and long["rows"]["broad_share"] == 0.5 and long["broad"] == "nonfiction"
+    assert (long["centroids"]["batch_size"], long["centroids"]["steps"], long["centroids"]["lr"]) == (1, 7, 1e-2)
+    assert smollm2["variants"]["long"]["window"] == 64 and "train" not in smollm2["variants"]["long"]
 
 
 def test_method_variant():
@@ -224,6 +242,18 @@ BAD = {
     "screen router spec the screen cannot build": (
         lambda c: c.update(recall_screen={"domains": ["books"], "lengths": [512], "routers": {"x": "oracle"}}),
         "recall_screen.routers.x: 'oracle' does not match",
+    ),
+    "variant training on an unknown key": (
+        lambda c: c.update(variants={"v": {"train": {"rows": 3}}}),
+        "variants.v.train: Additional properties are not allowed ('rows' was unexpected)",
+    ),
+    "variant training on a split the data lacks": (
+        lambda c: c.update(variants={"v": {"train": {"domain": "wikitext2"}}}),
+        "data.domains.wikitext2: the profile needs split 'train'; list it there",
+    ),
+    "variant window over its own training row": (
+        lambda c: c.update(variants={"v": {"window": 100, "train": {"seq_len": 64}}}),
+        "models.smollm2 variant v: focus.window (100) must be < train.seq_len (64)",
     ),
     "window over the whole training row": (
         lambda c: c["focus"].update(window=512),

@@ -24,8 +24,9 @@ def resolve_profile(config: dict[str, Any], schema: dict[str, Any]) -> dict[str,
 
     Resolved keys: everything in the profile, plus `results` ("results/<name>"), `methods` (what perplexity is
     measured for: "pretrained", "full_finetune" when the baseline is on, "<variant>-soft", "<variant>-hard"),
-    and per model `dtype`, `variants` ({variant: FocusConfig dict}), `centroids` and `full_finetune` (TrainConfig
-    dicts; `full_finetune` None when off), `gpus` (GPUs a training job asks for, one process each; 0 asks
+    and per model `dtype`, `variants` ({variant: FocusConfig dict}), `training` ({variant: what its training job
+    takes: domain, broad, rows, centroids}), `centroids` and `full_finetune` (TrainConfig dicts, the profile's;
+    `full_finetune` None when off), `gpus` (GPUs a training job asks for, one process each; 0 asks
     none) and `eval_gpus` (GPUs an evaluation job asks for and spreads the model over), each defaulting to the
     profile's own `gpus` / `eval_gpus`, themselves 0 by default; `methods` per model (the profile's, its LoRA cells,
     its peers) and, for the models `peers` covers, `peers` ({"<selector>@<budget>": FocusConfig dict}).
@@ -44,14 +45,20 @@ def resolve_profile(config: dict[str, Any], schema: dict[str, Any]) -> dict[str,
         where = f"models.{name}"
         _check_source(where, spec["source"])
         focus = {**config["focus"], **spec.get("focus", {})}
+        centroids = {**train["centroids"], **spec.get("centroids", {})}
         resolved = {
             "source": spec["source"],
             "dtype": spec.get("dtype", config.get("dtype", "float32")),
             "variants": {
-                variant: _focus_dict(f"{where} variant {variant}", {**focus, **changes})
+                variant: _focus_dict(f"{where} variant {variant}",
+                                     {**focus, **{k: v for k, v in changes.items() if k != "train"}})
                 for variant, changes in variants.items()
             },
-            "centroids": _train_dict(f"{where}.centroids", {**train["centroids"], **spec.get("centroids", {})}),
+            "training": {
+                variant: _variant_training(f"{where} variant {variant}", train, changes.get("train", {}), centroids)
+                for variant, changes in variants.items()
+            },
+            "centroids": _train_dict(f"{where}.centroids", centroids),
             "full_finetune": None,
             "gpus": spec.get("gpus", config.get("gpus", 0)),
             "eval_gpus": spec.get("eval_gpus", config.get("eval_gpus", 0)),
@@ -62,10 +69,11 @@ def resolve_profile(config: dict[str, Any], schema: dict[str, Any]) -> dict[str,
             resolved["full_finetune"] = _train_dict(f"{where}.full_finetune", merged)
         _check_gpus(where, resolved)
         for variant, focus_dict in resolved["variants"].items():
-            if focus_dict["window"] >= train["seq_len"]:
+            seq_len = resolved["training"][variant]["rows"]["seq_len"]
+            if focus_dict["window"] >= seq_len:
                 raise ConfigError(
                     f"{where} variant {variant}: focus.window ({focus_dict['window']}) must be < train.seq_len "
-                    f"({train['seq_len']}): a window over the whole row leaves no distant pair for the centroids"
+                    f"({seq_len}): a window over the whole row leaves no distant pair for the centroids"
                 )
         models[name] = resolved
     profile["models"] = models
@@ -264,6 +272,26 @@ def _focus_dict(where: str, values: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"{where}: {err}") from None
 
 
+TRAINING_ROWS = ("seq_len", "calibration_rows", "train_rows", "eval_rows", "retrieval_share", "retrieval_weight",
+                 "broad_share")
+"""A training section's row settings, as `focus.pipeline.jobs.TrainingJob` takes them (it holds the defaults)."""
+
+
+def training_rows(section: dict[str, Any]) -> dict[str, Any]:
+    """The row settings (`TRAINING_ROWS`) a training section sets."""
+    return {key: section[key] for key in TRAINING_ROWS if key in section}
+
+
+def _variant_training(where: str, train: dict[str, Any], overrides: dict[str, Any],
+                      centroids: dict[str, Any]) -> dict[str, Any]:
+    """What one variant's training job takes: the profile's `train` section with the variant's own `train` changes
+    (its corpus and mixture, its row length, its TrainConfig under `centroids`): {"domain", "broad", "rows",
+    "centroids"}."""
+    section = {**train, **{key: value for key, value in overrides.items() if key != "centroids"}}
+    return {"domain": section["domain"], "broad": section.get("broad"), "rows": training_rows(section),
+            "centroids": _train_dict(f"{where} train.centroids", {**centroids, **overrides.get("centroids", {})})}
+
+
 def _train_dict(where: str, values: dict[str, Any]) -> dict[str, Any]:
     try:
         return to_dict(TrainConfig.from_dict(values))
@@ -273,11 +301,12 @@ def _train_dict(where: str, values: dict[str, Any]) -> dict[str, Any]:
 
 def _check_gpus(where: str, model: dict[str, Any]) -> None:
     """Every process of a multi-GPU training job scores an equal share of each batch (see train_parameters)."""
-    for section in ("centroids", "full_finetune"):
-        train = model[section]
+    sections = {f"{where}.{name}": model[name] for name in ("centroids", "full_finetune")}
+    sections.update({f"{where} variant {v} train.centroids": t["centroids"] for v, t in model["training"].items()})
+    for key, train in sections.items():
         if train is not None and model["gpus"] and train["batch_size"] % model["gpus"]:
             raise ConfigError(
-                f"{where}.{section}.batch_size ({train['batch_size']}) must be a multiple of {where}.gpus "
+                f"{key}.batch_size ({train['batch_size']}) must be a multiple of {where}.gpus "
                 f"({model['gpus']}): each GPU scores an equal share of every batch"
             )
 
@@ -292,12 +321,15 @@ def _check_source(where: str, source: str) -> None:
 def _check_data(config: dict[str, Any]) -> None:
     domains = config["data"]["domains"]
     mirror = config["data"].get("mirror")
+    needed = set()
+    for changes in (config.get("variants") or {"focus": {}}).values():  # each variant's training corpora
+        train = {**config["train"], **changes.get("train", {})}
+        needed.add((train["domain"], "train"))
+        if train.get("broad"):
+            needed.add((train["broad"], "train"))
+        if train.get("eval_rows", 0) > 0:
+            needed.add((train["domain"], "validation"))
     train = config["train"]
-    needed = {(train["domain"], "train")}
-    if train.get("broad"):
-        needed.add((train["broad"], "train"))
-    if train.get("eval_rows", 0) > 0:
-        needed.add((train["domain"], "validation"))
     needed |= {(domain, "test") for domain in config["perplexity"]["domains"]}
     study = config.get("study")
     if study is not None:

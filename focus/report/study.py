@@ -32,8 +32,10 @@ def _of_model(paths: list[str | Path], model: str) -> list[Path]:
     return [Path(path) for path in paths if Path(path).parent.parent.name == model]
 
 
-def _changes(overrides: dict) -> str:
-    return ", ".join(f"{key}={value}" for key, value in overrides.items()) or "(base)"
+def _changes(overrides: dict, prefix: str = "") -> str:
+    """A variant's changes as `key=value, ...`; a nested one (its `train` changes) as `train.seq_len=2048`."""
+    return ", ".join(_changes(value, f"{prefix}{key}.") if isinstance(value, dict) else f"{prefix}{key}={value}"
+                     for key, value in overrides.items()) or "(base)"
 
 
 def study_frame(

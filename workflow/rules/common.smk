@@ -8,7 +8,7 @@ import yaml
 
 from focus.config import ConfigError
 from focus.pipeline.methods import FULL_FINETUNE, method_variant, parse_peer_name
-from focus.pipeline.profile import resolve_profile
+from focus.pipeline.profile import resolve_profile, training_rows
 from focus.pipeline.slurm import wait_for_earlier_jobs
 
 
@@ -259,10 +259,18 @@ def train_tokens(wildcards):
 
 
 def train_inputs(wildcards):
-    """A training job's token files: the domain's (`tokens`) and the broad corpus's (`broad`) where it has one."""
-    inputs = {"tokens": train_tokens(wildcards)}
-    if P["train"].get("broad_share"):
-        inputs["broad"] = tokens_file(wildcards.model, P["train"]["broad"])
+    """A training job's token files: the domain's (`tokens`) and the broad corpus's (`broad`) where it has one; a Focus
+    variant's own (its `train` changes), a baseline's the profile's."""
+    variant = getattr(wildcards, "variant", None)
+    training = P["models"][wildcards.model]["training"].get(variant)
+    if training is None:
+        inputs = {"tokens": train_tokens(wildcards)}
+        if P["train"].get("broad_share"):
+            inputs["broad"] = tokens_file(wildcards.model, P["train"]["broad"])
+        return inputs
+    inputs = {"tokens": tokens_file(wildcards.model, training["domain"])}
+    if training["rows"].get("broad_share"):
+        inputs["broad"] = tokens_file(wildcards.model, training["broad"])
     return inputs
 
 
@@ -326,11 +334,9 @@ def peer_focus(wildcards):
     return P["models"][wildcards.model]["peers"][wildcards.peer]
 
 
-def training_rows(section):
-    """A training section's row settings, as focus.pipeline.jobs.TrainingJob takes them (it holds the defaults)."""
-    keys = ("seq_len", "calibration_rows", "train_rows", "eval_rows", "retrieval_share", "retrieval_weight",
-            "broad_share")
-    return {key: section[key] for key in keys if key in section}
+def variant_rows(wildcards):
+    """A Focus variant's row settings (the profile's `train` with the variant's changes: focus.pipeline.profile)."""
+    return P["models"][wildcards.model]["training"][wildcards.variant]["rows"]
 
 
 def retrieval_window(wildcards):
@@ -340,7 +346,7 @@ def retrieval_window(wildcards):
 
 
 def centroid_training(wildcards):
-    return P["models"][wildcards.model]["centroids"]
+    return P["models"][wildcards.model]["training"][wildcards.variant]["centroids"]
 
 
 def full_finetune_training(wildcards):

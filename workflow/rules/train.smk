@@ -19,7 +19,7 @@ rule train_focus:
         dtype=model_dtype,
         focus=variant_focus,
         train=centroid_training,
-        rows=training_rows(TRAIN),  # seq_len and row counts: focus.pipeline.jobs.TrainingJob
+        rows=variant_rows,  # seq_len and row counts: focus.pipeline.jobs.TrainingJob
         wandb=WANDB,
         group=P["name"],
     threads: 2
