@@ -81,6 +81,18 @@ def test_tiny_profile_on_the_slurm_executor_asks_for_no_gpu(tmp_path):
     assert sum("gpu=0" in line for line in resources) > 40  # training and evaluation jobs say so
 
 
+def test_the_screen_profiles_dry_run_their_designs(tmp_path):
+    """The no-worse screen: its 16 designs trained on one GPU each and studied; the router screen: two trainings of
+    the indexer (512- and 2K-token rows) and its recall screen with perplexity."""
+    result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "no_worse.yaml"), "-n")
+    counts = job_counts(result.stdout)
+    assert counts["train_focus"] == 16 and counts["study"] == 1 and counts["needle"] == 1 + 2 * 16
+    trainings = [block for block in result.stdout.split("\n\n") if "rule train_focus:" in block]
+    assert all(re.search(r"\bgpu=1\b", block) for block in trainings)
+    counts = job_counts(snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "routers.yaml"), "-n").stdout)
+    assert counts["train_focus"] == 2 and counts["recall_screen"] == 1 and counts["claims"] == 1
+
+
 def test_a_variant_with_its_own_training_corpus_plans_its_job_on_it(tmp_path):
     """A variant's `train.domain` is its training job's input (tokenized for it), the other variant's the profile's."""
     config = json.loads(json.dumps(MINI))

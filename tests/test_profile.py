@@ -12,7 +12,7 @@ import yaml
 
 from focus.config import ConfigError
 from focus.pipeline.methods import method_kind, method_variant, parse_peer_name, peer_name
-from focus.pipeline.profile import resolve_profile
+from focus.pipeline.profile import resolve_profile, with_base
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = yaml.safe_load((ROOT / "workflow" / "schemas" / "config.schema.yaml").read_text())
@@ -106,7 +106,8 @@ def test_study_profile_resolves_its_designs_and_the_splits_they_are_chosen_on():
 
 
 def test_routers_profile_trains_the_indexer_and_screens_it_beside_the_untrained_routers():
-    profile = resolve_profile(yaml.safe_load((ROOT / "configs" / "routers.yaml").read_text()), SCHEMA)
+    path = ROOT / "configs" / "routers.yaml"
+    profile = resolve_profile(with_base(yaml.safe_load(path.read_text()), [path.parent]), SCHEMA)
     indexer = profile["models"]["smollm2"]["variants"]["indexer32"]
     assert (indexer["selector"], indexer["indexer_rank"], indexer["route_queries"]) == ("indexer", 32, "kv_head")
     assert indexer["objective"] == "attention_recall" and indexer["mode"] == "hard"
@@ -134,6 +135,43 @@ def test_a_variant_trains_on_its_own_rows_corpus_and_budget():
     assert long["rows"]["seq_len"] == 1024 and long["rows"]["broad_share"] == 0.5 and long["broad"] == "nonfiction"
     assert (long["centroids"]["batch_size"], long["centroids"]["steps"], long["centroids"]["lr"]) == (1, 7, 1e-2)
     assert smollm2["variants"]["long"]["window"] == 64 and "train" not in smollm2["variants"]["long"]
+
+
+def test_the_no_worse_screen_is_a_profile_of_its_designs():
+    """benchmarks/no_worse_screen.py's designs as variants: FocusConfig fields and training changes apart, every
+    design on the same tokens (the 2K-row ones half the steps of one row)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("no_worse_screen", ROOT / "benchmarks" / "no_worse_screen.py")
+    screen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(screen)
+    DESIGNS = screen.DESIGNS  # noqa: N806 (the screen's name for them)
+    path = ROOT / "configs" / "no_worse.yaml"
+    profile = resolve_profile(with_base(yaml.safe_load(path.read_text()), [path.parent]), SCHEMA)
+    smollm2 = profile["models"]["smollm2"]
+    assert list(smollm2["variants"]) == list(DESIGNS)
+    for name, design in DESIGNS.items():
+        focus, training = smollm2["variants"][name], smollm2["training"][name]
+        assert focus["distill"] == design.get("distill", 0.0) and focus["window"] == design.get("window", 128)
+        assert (focus["num_groups"], focus["top_k"]) == (design.get("num_groups", 16), design.get("top_k", 2))
+        assert training["rows"].get("broad_share", 0) == design.get("broad_share", 0)
+        assert training["rows"]["retrieval_share"] == design.get("retrieval_share", 0.25)
+        rows = training["rows"]["seq_len"] * training["centroids"]["batch_size"] * training["centroids"]["steps"]
+        assert training["rows"]["seq_len"] == design.get("seq_len", 512) and rows == 300 * 2 * 512
+    assert profile["study"]["baseline"] == "base" and smollm2["gpus"] == 1
+
+
+def test_a_profile_includes_its_base_mappings_merged_its_own_values_first(tmp_path):
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "root.yaml").write_text("dtype: float16\ntrain: {seq_len: 64, domain: books}\n")
+    (tmp_path / "base" / "mid.yaml").write_text("include: root.yaml\ntrain: {seq_len: 128, eval_rows: 2}\n"
+                                                 "perplexity: {domains: [books]}\n")
+    top = {"include": "base/mid.yaml", "train": {"eval_rows": 0}, "perplexity": {"domains": [], "batch_size": 1}}
+    assert with_base(top, [tmp_path]) == {"dtype": "float16", "train": {"seq_len": 128, "domain": "books",
+                                                                        "eval_rows": 0},
+                                          "perplexity": {"domains": [], "batch_size": 1}}
+    with pytest.raises(ConfigError, match="include: 'nowhere.yaml' is in none of"):
+        with_base({"include": "nowhere.yaml"}, [tmp_path])
 
 
 def test_method_variant():

@@ -8,7 +8,11 @@ profile needs is in the mirror or reachable on the hub. Each failure is one `Con
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from focus.config import ConfigError, FocusConfig, to_dict, yaml_number_hint
 from focus.data import MirrorError, corpus_location, verify_mirror_file
@@ -17,6 +21,27 @@ from focus.eval.harness import mirror_task_files
 from focus.pipeline.methods import FULL_FINETUNE, MODES, PRETRAINED, lora_name, method_variant, parse_peer_name
 from focus.sources import PACKAGED_SMOLLM2, check_model_source, position_limit
 from focus.train.config import ScratchModel, TrainConfig
+
+
+def with_base(config: dict[str, Any], folders: Sequence[str | Path]) -> dict[str, Any]:
+    """The profile with the one it names in `include:` underneath it (a YAML file, found in the first of `folders`
+    that holds it; a base may include its own): mappings merge key by key, the profile's values win, anything else
+    (lists, numbers) is the profile's. So screens share their models, data and evaluation in one base file."""
+    if "include" not in config:
+        return config
+    name = config["include"]
+    found = next((Path(folder) / name for folder in folders if (Path(folder) / name).is_file()), None)
+    if found is None:
+        raise ConfigError(f"include: {name!r} is in none of {[str(folder) for folder in folders]}")
+    base = with_base(yaml.safe_load(found.read_text()) or {}, [found.parent, *folders])
+    return _merged(base, {key: value for key, value in config.items() if key != "include"})
+
+
+def _merged(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in top.items():
+        merged[key] = _merged(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+    return merged
 
 
 def resolve_profile(config: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:

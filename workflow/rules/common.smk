@@ -8,14 +8,16 @@ import yaml
 
 from focus.config import ConfigError
 from focus.pipeline.methods import FULL_FINETUNE, method_variant, parse_peer_name
-from focus.pipeline.profile import resolve_profile, training_rows
+from focus.pipeline.profile import resolve_profile, training_rows, with_base
 from focus.pipeline.slurm import wait_for_earlier_jobs
 
 
 with open(workflow.source_path("../schemas/config.schema.yaml")) as schema_file:
     SCHEMA = yaml.safe_load(schema_file)
 try:
-    P = resolve_profile(config, SCHEMA)
+    # `include:` names a base profile beside the profile's file or in configs/ (focus.pipeline.profile.with_base)
+    _FOLDERS = [Path(path).parent for path in workflow.config_settings.configfiles] + [Path(workflow.basedir) / "configs"]
+    P = resolve_profile(with_base(config, _FOLDERS), SCHEMA)
 except ConfigError as err:
     # One line, before any job starts, instead of a traceback through Snakemake's parser.
     raise SystemExit(f"config error: {err}")
