@@ -1,0 +1,56 @@
+"""The committed results (benchmarks/results/) that README and docs cite: each exists, and each table says where it came
+from in its first line (`focus.provenance.provenance_line`: commit, machine, torch, date, the command that re-makes it),
+except the tables made before tables named their commit, listed in LEGACY until a rule re-makes them (issue 55). The
+list only shrinks: a listed table that gains its line, or stops being cited, fails until it leaves the list."""
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+STAMP = "*Made at commit "
+
+LEGACY = {
+    "attention_cpu.md", "decode_step_blocked_fp32.md", "decode_step_cpu.md", "decode_step_default_fp32.md",
+    "decode_step_kvhead_fp32.md", "decode_step_native_fp32.md", "decode_step_native_long.md",
+    "decode_step_prompt_fp32.md", "decode_step_trained_fp32.md", "flex_attention.md", "forgetting_screen_test.md",
+    "forgetting_screen_validation.md", "generate_blocked_fp32.md", "generate_cpu.md", "generate_default_fp32.md",
+    "generate_native_prefill_fp32.md", "generate_once_fp32.md", "generate_prompt_fp32.md", "generate_rr25_fp32.md",
+    "matrix_units.md", "no_worse_lengths.md", "no_worse_lengths_validation.md", "no_worse_screen2_validation.md",
+    "no_worse_screen3_validation.md", "no_worse_screen4_validation.md", "no_worse_test.md",
+    "no_worse_top1_validation.md", "no_worse_validation.md", "oracle_selection_floor_validation.md",
+    "oracle_selection_part4.md", "passkey_peers.md", "peers.md", "peers_against_mix50_kl10.md",
+    "peers_against_mix50_kl10_top1.md", "prefill_cpu.md", "profile_cpu.md", "profile_native_top2.md",
+    "profile_native_top2_2048.md", "routing_screen_512.md", "routing_screen_shapes_wikitext2.md",
+    "ruler_screen_no_worse.md", "ruler_screen_peers.md", "ruler_screen_peers_4k.md", "ruler_screen_screen.md",
+    "ruler_tiny_eval.md", "speed_anchors_bf16.md", "speed_anchors_bf16_vector.md", "speed_anchors_fp32.md",
+    "study_part1.md", "study_part2.md", "study_part3.md", "study_part4.md", "tiny_eval_peers.md", "train_step.md",
+}
+"""Cited tables without the provenance line, 54 of 66 at the start (their text says the machine; `git log` the commit
+they came with)."""
+
+
+def cited_names() -> set[str]:
+    """Every file name of benchmarks/results a page names: `benchmarks/results/NAME`, `benchmarks/results/STEM.{csv,md}`
+    or a bare `NAME.md` / `.csv` / `.png` / `.svg` that is there (a page that names a table by its name alone)."""
+    names = set()
+    for page in PAGES:
+        text = page.read_text()
+        for stem, braces in re.findall(r"benchmarks/results/([\w\-]+)\.\{([\w,]+)\}", text):
+            names |= {f"{stem}.{ext}" for ext in braces.split(",")}
+        names |= {name for name in re.findall(r"[\w\-]+\.(?:md|csv|png|svg)\b", text) if (RESULTS / name).exists()}
+        names |= set(re.findall(r"benchmarks/results/([\w\-]+\.(?:md|csv|png|svg|json))\b", text))
+    return names
+
+
+def test_every_cited_result_is_committed():
+    missing = sorted(name for name in cited_names() if not (RESULTS / name).exists())
+    assert not missing, f"cited in README/docs but not in benchmarks/results: {missing}"
+
+
+def test_every_cited_table_says_where_it_came_from():
+    tables = {name for name in cited_names() if name.endswith(".md") and (RESULTS / name).exists()}
+    unstamped = {name for name in tables if not (RESULTS / name).read_text().startswith(STAMP)}
+    assert not sorted(unstamped - LEGACY), "cited tables without a provenance line (provenance_line)"
+    assert not sorted(LEGACY - unstamped), "LEGACY tables now stamped or no longer cited: take them off the list"
