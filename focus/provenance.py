@@ -7,8 +7,6 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
-import torch
-
 from focus.version import __version__
 
 _PACKAGES = ("torch", "transformers", "accelerate", "safetensors", "datasets", "peft", "lm_eval", "wandb", "snakemake")
@@ -40,10 +38,12 @@ def package_versions() -> dict[str, str]:
 
 
 def device_info() -> dict[str, str | int]:
+    import torch  # (here: the tables' jobs read provenance without importing torch)
+
     info: dict[str, str | int] = {
         "python": platform.python_version(),
         "machine": platform.machine(),
-        "cpu": _cpu_name(),
+        "cpu": cpu_name(),
         "cpu_threads": torch.get_num_threads(),
     }
     if torch.cuda.is_available():
@@ -52,7 +52,8 @@ def device_info() -> dict[str, str | int]:
     return info
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """The CPU's model name and logical cores (Linux), without torch."""
     try:
         with open("/proc/cpuinfo") as f:
             names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
@@ -75,6 +76,8 @@ def provenance_line(command: str, commit: str | None = None) -> str:
     may move on while it runs; default now), the machine, torch, the date and the command that re-makes it (put at the
     top of a result a reader may meet without its folder)."""
     import datetime
+
+    import torch
 
     device = device_info()
     where = device.get("cuda_device", device["cpu"])

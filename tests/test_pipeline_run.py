@@ -52,7 +52,13 @@ def test_minimal_run_writes_sane_artifacts(mini_run):
     assert len(speed) == 2 * 2 * 2 and (speed["speedup"] > 0).all() and (speed["theoretical"] > 1).all()
     assert sorted(set(speed["routing"])) == ["key", "query"]
     assert len(pd.read_csv(results / "bench" / "prefill.csv")) == 2  # key and query routing
-    assert (results / "bench" / "attention.md").read_text().startswith("Measured on: ")
+    bench = (results / "bench" / "attention.md").read_text().splitlines()  # stamped: the profile, the command
+    assert bench[0].startswith("*Made at commit ") and " for profile mini@" in bench[0] and bench[2].startswith(
+        "Measured on: ")
+    for table in ("perplexity", "training", "claims", "truthfulqa", "peers"):
+        assert (results / "tables" / f"{table}.md").read_text().startswith("*Made at commit "), table
+        record = json.loads((results / "tables" / f"{table}.provenance.json").read_text())
+        assert record["profile"].startswith("mini@") and record["command"].startswith("snakemake results/mini/")
 
     # The evaluation stages: one row per (method, task), a real PEFT adapter, every claim judged.
     truthfulqa = pd.read_csv(results / "tables" / "truthfulqa.csv")
@@ -149,7 +155,12 @@ def test_wandb_run_file_holds_every_table_and_figure(mini_run):
     (tables,) = [r.artifact for r in wandb_file.iter_records(run_file)
                  if r.WhichOneof("record_type") == "artifact" and r.artifact.type == "results"]
     assert sorted(json.loads(tables.metadata)["trained"], key=str) == sorted(trained, key=str)
-    assert {entry.path for entry in tables.manifest.contents} == {f"{key}.csv" for key in record["tables"]}
+    # Each table with its provenance (focus.pipeline.stamp), as a file of the artifact and in its metadata.
+    files = {entry.path for entry in tables.manifest.contents}
+    assert {f"{key}.csv" for key in record["tables"]} <= files
+    assert all(path.endswith(".provenance.json") for path in files - {f"{key}.csv" for key in record["tables"]})
+    provenance = json.loads(tables.metadata)["provenance"]
+    assert provenance["tables/perplexity"]["profile"].startswith("mini@") and "tables/claims" in provenance
     # One run per training job, mirroring its metrics.jsonl step for step.
     train = json.loads((results / "wandb" / "train" / "smollm2" / "focus.json").read_text())
     assert wandb_file.run_config(train["run_file"])["model"] == "smollm2"

@@ -14,6 +14,7 @@ from helpers.wandb_file import history, iter_records, logged_media, run_config
 from safetensors.torch import save_file
 
 from focus.pipeline.jobs import TrainingJob
+from focus.pipeline.stamp import PROFILE, PROFILE_FILE, stamp_outputs
 from focus.pipeline.stages import train_focus
 from focus.pipeline.tracking import LiveTrainingRun, WandbTarget, artifact_name, log_report_run
 from focus.train.config import TrainConfig
@@ -100,7 +101,8 @@ def test_training_curve_is_logged_while_it_trains_and_whole_after_a_resume(resul
     assert json.loads(artifact.metadata)["focus_config"]["num_groups"] == 4
 
 
-def test_report_run_logs_tables_figures_pages_and_the_tables_artifact(results):
+def test_report_run_logs_tables_figures_pages_and_the_tables_artifact(results, monkeypatch):
+    monkeypatch.setenv(PROFILE, "tiny@0123456789ab")
     import matplotlib
 
     matplotlib.use("Agg")
@@ -108,6 +110,7 @@ def test_report_run_logs_tables_figures_pages_and_the_tables_artifact(results):
 
     (results / "tables").mkdir(parents=True)
     (results / "tables" / "perplexity.csv").write_text("model,ppl\nsmollm2,29.6\n")
+    stamp_outputs([results / "tables" / "perplexity.csv"])  # its provenance travels with it
     for model in ("a", "b"):  # one stem in two folders: keyed by path
         (results / "interpret" / model).mkdir(parents=True)
         (results / "interpret" / model / "group_shares.csv").write_text("group,share\n0,0.5\n")
@@ -134,8 +137,35 @@ def test_report_run_logs_tables_figures_pages_and_the_tables_artifact(results):
     artifacts = [r.artifact for r in iter_records(record["run_file"]) if r.WhichOneof("record_type") == "artifact"]
     (artifact,) = [artifact for artifact in artifacts if artifact.type == "results"]  # W&B adds one per logged table
     assert artifact.name == "tables-tiny"
-    assert {entry.path for entry in artifact.manifest.contents} == {f"{key}.csv" for key in record["tables"]}
-    assert json.loads(artifact.metadata)["trained"] == [{"name": "m-focus", "type": "focus-adapter", "digest": "d"}]
+    assert {entry.path for entry in artifact.manifest.contents} == {f"{key}.csv" for key in record["tables"]} | {
+        "tables/perplexity.provenance.json"}
+    metadata = json.loads(artifact.metadata)
+    assert metadata["trained"] == [{"name": "m-focus", "type": "focus-adapter", "digest": "d"}]
+    assert list(metadata["provenance"]) == ["tables/perplexity"] and metadata["provenance"]["tables/perplexity"][
+        "profile"] == "tiny@0123456789ab"
+
+
+def test_a_rules_outputs_are_stamped_once_with_the_profile_and_the_command(tmp_path, monkeypatch):
+    """The Markdown table gets the provenance line on top (once, however often it is stamped), the table and the
+    figure a sidecar each naming the commit, the profile, the machine and the command; folders are left alone."""
+    monkeypatch.setenv(PROFILE, "study@abcdef012345")
+    monkeypatch.setenv(PROFILE_FILE, "configs/study.yaml")
+    (tmp_path / "study.csv").write_text("design,ppl\nbase,30\n")
+    (tmp_path / "study.md").write_text("| design | ppl |\n")
+    (tmp_path / "curves.png").write_bytes(b"png")
+    (tmp_path / "runs").mkdir()
+    outputs = [tmp_path / name for name in ("study.csv", "study.md", "curves.png", "runs")]
+    stamp_outputs(outputs)
+    stamp_outputs(outputs)
+    lines = (tmp_path / "study.md").read_text().splitlines()
+    assert lines[0].startswith("*Made at commit ") and "for profile study@abcdef012345" in lines[0]
+    assert lines[0].endswith(f"re-make: `snakemake {tmp_path / 'study.csv'} --configfile configs/study.yaml`.*")
+    assert lines[1:] == ["", "| design | ppl |"]
+    for sidecar in ("study.provenance.json", "curves.provenance.json"):
+        record = json.loads((tmp_path / sidecar).read_text())
+        assert record["profile"] == "study@abcdef012345" and record["git_commit"] and record["machine"]["cpu"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == [
+        "curves.png", "curves.provenance.json", "runs", "study.csv", "study.md", "study.provenance.json"]
 
 
 def test_artifact_names_keep_only_what_wandb_allows():

@@ -155,7 +155,8 @@ def log_report_run(
     trained: list[str] = (),
 ) -> dict:
     """Log every table (CSV -> `tables/<name>`), figure (PNG -> `figures/<name>`) and page (HTML -> `pages/<name>`)
-    in one run, and the tables as one Artifact (`tables-<group>`, type "results") downstream of the trained weights.
+    in one run, and the tables as one Artifact (`tables-<group>`, type "results") downstream of the trained weights,
+    each with its provenance (`<table>.provenance.json` beside it, `focus.pipeline.stamp`) as a file and metadata.
 
     `trained` are the training jobs' W&B records (`LiveTrainingRun.finish`): where W&B is online the run uses their
     artifacts, so W&B draws the lineage data -> weights -> tables; offline (W&B refuses `use_artifact` there) the
@@ -175,8 +176,13 @@ def log_report_run(
     if run.settings.mode == "online":
         for artifact in upstream:
             run.use_artifact(f"{artifact['name']}:latest", type=artifact["type"])
-    artifact = _log_files_artifact(run, artifact_name(f"tables-{group}"), "results", keyed["tables"],
-                                   metadata={"profile": group, "trained": upstream})
+    # Each table's provenance (focus.pipeline.stamp) travels with it: a file of the artifact and its metadata.
+    sidecars = {f"{key}.provenance": Path(path).with_suffix(".provenance.json")
+                for key, path in keyed["tables"].items()}
+    sidecars = {key: path for key, path in sidecars.items() if path.is_file()}
+    provenance = {key.removesuffix(".provenance"): json.loads(path.read_text()) for key, path in sidecars.items()}
+    artifact = _log_files_artifact(run, artifact_name(f"tables-{group}"), "results", {**keyed["tables"], **sidecars},
+                                   metadata={"profile": group, "trained": upstream, "provenance": provenance})
     fields = {kind: {key: _relative(path, results) for key, path in sorted(paths.items())}
               for kind, paths in keyed.items()}
     return _finish(run, record, {**fields, "artifact": artifact})

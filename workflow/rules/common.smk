@@ -10,6 +10,7 @@ from focus.config import ConfigError
 from focus.pipeline.methods import FULL_FINETUNE, method_variant, parse_peer_name
 from focus.pipeline.profile import resolve_profile, training_rows, with_base
 from focus.pipeline.slurm import wait_for_earlier_jobs
+from focus.pipeline.stamp import PROFILE, PROFILE_FILE, profile_hash
 
 
 with open(workflow.source_path("../schemas/config.schema.yaml")) as schema_file:
@@ -31,6 +32,9 @@ if workflow.is_main_process and not workflow.output_settings.dryrun and not _ONL
     wait_for_earlier_jobs(os.getcwd(), report=lambda line: print(line, file=sys.stderr))
 
 R = P["results"]
+# Every table and figure names the profile and the file it came from (focus.pipeline.stamp): the jobs read these.
+os.environ[PROFILE] = f"{P['name']}@{profile_hash(P)}"
+os.environ[PROFILE_FILE] = str(workflow.config_settings.configfiles[0]) if workflow.config_settings.configfiles else "configs/tiny.yaml"
 # The software of every rule (scripts/install.sh builds the same environment as a venv). Its pip lines find the project
 # through FOCUS_ROOT wherever --use-conda copies the file (see environment.yml).
 ENVIRONMENT = "../../environment.yml"

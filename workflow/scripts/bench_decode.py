@@ -1,6 +1,7 @@
 """Rule bench_decode: decoding step and generate() speed, tables and figure."""
 
 from focus.pipeline.benchmark import run_decode_benchmark
+from focus.pipeline.stamp import stamp_outputs
 from focus.pipeline.start import start_job
 
 start_job(snakemake.log[0], snakemake.threads)
@@ -11,3 +12,4 @@ run_decode_benchmark(
     generate_csv=snakemake.output.generate,
     figure=snakemake.output.figure,
 )
+stamp_outputs(snakemake.output)  # the provenance line and sidecars (focus.pipeline.stamp)

@@ -1,5 +1,6 @@
 """Rule claims: the paper's claims against this profile's results."""
 
+from focus.pipeline.stamp import stamp_outputs
 from focus.pipeline.start import start_job
 from focus.report.claims import write_claims
 
@@ -13,3 +14,4 @@ write_claims(
     train_domain=snakemake.params.train_domain,
     csv=snakemake.output.csv,
 )
+stamp_outputs(snakemake.output)  # the provenance line and sidecars (focus.pipeline.stamp)

@@ -1,5 +1,6 @@
 """Rule evaluation_tables: benchmark, TruthfulQA, prompt-length, LoRA, long-context and RULER tables and figures."""
 
+from focus.pipeline.stamp import stamp_outputs
 from focus.pipeline.start import start_job
 from focus.report.evaluation import write_evaluation_tables
 
@@ -16,3 +17,4 @@ write_evaluation_tables(
     ruler_records=snakemake.input.ruler,
     outputs={name: path for name, path in snakemake.output.items() if not name.endswith(("_md", "_svg"))},
 )
+stamp_outputs(snakemake.output)  # the provenance line and sidecars (focus.pipeline.stamp)

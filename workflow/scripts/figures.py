@@ -1,5 +1,6 @@
 """Rule figures: loss curves and perplexity bars (PNG + SVG)."""
 
+from focus.pipeline.stamp import stamp_outputs
 from focus.pipeline.start import start_job
 from focus.report.figures import plot_figures
 
@@ -10,3 +11,4 @@ plot_figures(
     loss_curves=snakemake.output.loss_curves,
     perplexity=snakemake.output.perplexity,
 )
+stamp_outputs(snakemake.output)  # the provenance line and sidecars (focus.pipeline.stamp)

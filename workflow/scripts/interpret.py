@@ -1,6 +1,7 @@
 """Rule interpret: group balance and contents of one trained (model, variant) on held-out text."""
 
 from focus.pipeline.interpret import interpret_adapter
+from focus.pipeline.stamp import stamp_outputs
 from focus.pipeline.start import start_job
 
 start_job(snakemake.log[0], snakemake.threads)
@@ -23,3 +24,4 @@ interpret_adapter(
     examples_html=snakemake.output.examples,
     labels=dict(snakemake.wildcards),
 )
+stamp_outputs(snakemake.output)  # the provenance line and sidecars (focus.pipeline.stamp)

@@ -1,5 +1,6 @@
 """Rule peers_table: the trained router against the training-free peers (CSV + Markdown, trade-off figure)."""
 
+from focus.pipeline.stamp import stamp_outputs
 from focus.pipeline.start import start_job
 from focus.report.peers import write_peers
 
@@ -12,3 +13,4 @@ write_peers(
     domain=snakemake.params.domain,
     other=snakemake.params.other,
 )
+stamp_outputs(snakemake.output)  # the provenance line and sidecars (focus.pipeline.stamp)

@@ -1,6 +1,9 @@
 """Rule recall_screen: the routers of the profile's `recall_screen` section, screened by the attention they keep."""
 
+import os
+
 from focus.pipeline.screens import recall_screen
+from focus.pipeline.stamp import PROFILE_FILE, stamp_outputs
 from focus.pipeline.start import start_job
 
 start_job(snakemake.log[0], snakemake.threads)
@@ -12,5 +15,6 @@ recall_screen(
     train_tokens=snakemake.input.train_tokens,
     **snakemake.params.settings,
     stem=snakemake.output.csv.removesuffix(".csv"),
-    command=f"snakemake {snakemake.output.csv} --configfile <this profile>",
+    command=f"snakemake {snakemake.output.csv} --configfile {os.environ.get(PROFILE_FILE, '<profile>')}",
 )
+stamp_outputs(snakemake.output)  # the provenance line and sidecars (focus.pipeline.stamp)

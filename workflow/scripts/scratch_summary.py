@@ -1,5 +1,6 @@
 """Rule scratch_summary: full attention against Focus trained from scratch (table, figure, summary JSON)."""
 
+from focus.pipeline.stamp import stamp_outputs
 from focus.pipeline.start import start_job
 from focus.report.scratch import summarize_scratch
 
@@ -10,3 +11,4 @@ summarize_scratch(
     figure=snakemake.output.figure,
     summary_json=snakemake.output.summary,
 )
+stamp_outputs(snakemake.output)  # the provenance line and sidecars (focus.pipeline.stamp)

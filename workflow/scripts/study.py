@@ -1,5 +1,6 @@
 """Rule study: the design study's table and figure."""
 
+from focus.pipeline.stamp import stamp_outputs
 from focus.pipeline.start import start_job
 from focus.report.study import write_study
 
@@ -20,3 +21,4 @@ write_study(
     tradeoff=snakemake.output.get("tradeoff"),
     other_domain=snakemake.params.other_domain,
 )
+stamp_outputs(snakemake.output)  # the provenance line and sidecars (focus.pipeline.stamp)

@@ -1,5 +1,6 @@
 """Rule tables: perplexity and training tables (CSV + Markdown)."""
 
+from focus.pipeline.stamp import stamp_outputs
 from focus.pipeline.start import start_job
 from focus.report.tables import write_tables
 
@@ -10,3 +11,4 @@ write_tables(
     perplexity_csv=snakemake.output.perplexity,
     training_csv=snakemake.output.training,
 )
+stamp_outputs(snakemake.output)  # the provenance line and sidecars (focus.pipeline.stamp)
