@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch.utils.cpp_extension import load
 
 from focus.attention.native import build_settings, define_flags
+from focus.attention.pattern import group_bits
 
 
 def best_microseconds(call, calls: int = 300) -> float:
@@ -56,7 +57,7 @@ def main() -> None:
                 query = torch.randn(b, heads, 1, d, dtype=dtype)
                 key, value = (torch.randn(b, k_heads, capacity, d, dtype=dtype)[:, :, :length] for _ in range(2))
                 chosen = torch.rand(b, k_heads, capacity, groups).topk(top_k, dim=-1).indices
-                bits, key_groups = (1 << chosen).sum(-1), chosen.to(torch.int8)
+                bits, key_groups = group_bits(chosen), chosen.to(torch.int8)
                 position = torch.tensor([[length - 1]])
                 inv_freq = 1 / (10000 ** (torch.arange(0, d, 2).float() / d))
                 panel = ext.router_panel(F.normalize(torch.randn(k_heads + heads, groups, d), dim=-1))

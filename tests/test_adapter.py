@@ -9,9 +9,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from focus import FocusConfig, apply_focus, has_focus, load_focus, save_focus
-from focus.retrofit import focus_config, set_focus_mode
 from focus.adapter import CONFIG_NAME, WEIGHTS_NAME, AdapterError
 from focus.models import tiny_model
+from focus.retrofit import focus_config, set_focus_mode
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@ from helpers.wandb_file import history, iter_records, logged_media, run_config
 from safetensors.torch import save_file
 
 from focus.pipeline.jobs import TrainingJob
-from focus.pipeline.stamp import PROFILE, PROFILE_FILE, stamp_outputs
 from focus.pipeline.stages import train_focus
+from focus.pipeline.stamp import PROFILE, PROFILE_FILE, stamp_outputs
 from focus.pipeline.tracking import LiveTrainingRun, WandbTarget, artifact_name, log_report_run
 from focus.train.config import TrainConfig
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from focus.attention.group_bits import GROUP_BITS
+from focus.attention.pattern import GROUP_BITS, group_bits, groups_meet, within_window
 from focus.attention.segments import masked_with_lse
 
 
@@ -36,12 +36,12 @@ def local_part(q, key, value, groups_q, groups, window, valid, sinks, scaling, b
     keyable = F.pad(valid & ~sinks, (pad, tail), value=False).unfold(1, span, block)  # (B, n, span)
     members_q = members_k = None
     if groups.shape[-1] > 1 and max(int(groups.max()), int(groups_q.max())) < GROUP_BITS:
-        bits = (1 << groups.clamp_min(0)).sum(dim=-1)  # (B, K, L) int64: bit g set for each group g of the token
-        bits_q = bits if groups_q is groups else (1 << groups_q.clamp_min(0)).sum(dim=-1)
+        bits = group_bits(groups.clamp_min(0))  # (B, K, L) int64: bit g set for each group g of the token
+        bits_q = bits if groups_q is groups else group_bits(groups_q.clamp_min(0))
         members_q = F.pad(bits_q, (0, tail)).view(b, k_heads, n_blocks, block)
         members_k = F.pad(bits, (pad, tail)).unfold(2, span, block)  # (B, K, n, span); padding: no bits
-    distance = torch.arange(block, device=q.device)[:, None] + pad - torch.arange(span, device=q.device)[None, :]
-    band = (distance >= 0) & (distance < window)  # (block, span): i - j in [0, window)
+    band = within_window(torch.arange(block, device=q.device)[:, None] + pad,  # (block, span): i - j in [0, window)
+                         torch.arange(span, device=q.device)[None, :], window)
 
     kernel = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     out = torch.empty(b, k_heads, n_blocks, r, block, d, dtype=torch.float32, device=q.device)
@@ -50,7 +50,7 @@ def local_part(q, key, value, groups_q, groups, window, valid, sinks, scaling, b
         part = slice(first, min(first + blocks_per_call, n_blocks))
         n = part.stop - part.start
         if members_q is not None:  # top-k > 1: one AND of group bitmasks per pair
-            shared = (members_q[:, :, part, :, None] & members_k[:, :, part, None, :]) != 0
+            shared = groups_meet(members_q[:, :, part, :, None], members_k[:, :, part, None, :])
         elif groups.shape[-1] == 1:
             shared = g_queries[:, :, part, :, None, 0] == g_keys[:, :, part, None, :, 0]
         else:  # group ids from GROUP_BITS on: compare every (query group, key group) pair

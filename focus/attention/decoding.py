@@ -29,6 +29,7 @@ from focus.attention.growing_cache import GrowingCache
 from focus.attention.key_codes import KeyCodes
 from focus.attention.labels import label
 from focus.attention.native import kernels_built
+from focus.attention.pattern import group_bits, groups_meet
 
 CACHE_INDEX_ATTRIBUTE = "focus_cache_index"
 """A `GroupIndex` set under this name on a Focus attention module by `FocusCache.update`, taken by the next call."""
@@ -168,8 +169,8 @@ def masked_decode_attention(
     """
     b, h, _, d = query.shape
     k_heads, length = key.shape[1], key.shape[2]
-    query_bits = (1 << query_groups).sum(dim=-1)  # (B, H): distinct groups, so the sum is the OR
-    allowed = (index.key_bits[:, :, None, :length] & query_bits.view(b, k_heads, h // k_heads, 1)) != 0  # B,K,R,L
+    query_bits = group_bits(query_groups)  # (B, H)
+    allowed = groups_meet(index.key_bits[:, :, None, :length], query_bits.view(b, k_heads, h // k_heads, 1))  # B,K,R,L
     allowed[..., max(length - window, 0) :] = True  # the sinks have every bit (`GroupIndex.key_bits`)
     if dense is not None:
         allowed[:, dense] = True

@@ -1,9 +1,9 @@
 """Focus's hard pattern through PyTorch's FlexAttention (`torch.nn.attention.flex_attention`): the ecosystem's own
 block-sparse attention, on the CPU and the GPU, measured against the project's kernels (`benchmarks/flex_attention.py`).
 
-The pattern is the dense reference's (`focus.attention.reference.hard_allowed`) as a `mask_mod`: a pair (i, j) is kept
-when it is causal, j is a real token, and it is local (i - j < window), or j is a sink, or the query's and the key's
-groups meet (one AND of group bits). The `BlockMask` lets FlexAttention skip the blocks (128 x 128 positions) that hold
+The pattern is `focus.attention.pattern.kept` as a `mask_mod`: a pair (i, j) is kept when it is causal, j is a real
+token, and it is local (i - j < window), or j is a sink, or the query's and the key's groups meet (one AND of group
+bits). The `BlockMask` lets FlexAttention skip the blocks (128 x 128 positions) that hold
 no kept pair; every other block is computed in full and masked. Not a path of the plan: how it compares, and why, is
 in benchmarks/results/flex_attention.md (`benchmarks/flex_attention.py`).
 """
@@ -14,7 +14,7 @@ import functools
 
 import torch
 
-from focus.attention.group_bits import GROUP_BITS
+from focus.attention.pattern import GROUP_BITS, SINK_BITS, group_bits, groups_meet, kept
 
 
 def focus_block_mask(
@@ -37,17 +37,17 @@ def focus_block_mask(
     if max(int(query_groups.max()), int(key_groups.max())) >= GROUP_BITS:
         raise ValueError(f"focus_block_mask takes group ids below {GROUP_BITS}")
     device = key_groups.device
-    query_bits = (1 << query_groups.long()).sum(dim=-1)  # (B, Hq, L): distinct ids, so the sum is the OR
-    key_bits = (1 << key_groups.long()).sum(dim=-1)  # (B, K, L)
+    query_bits, key_bits = group_bits(query_groups), group_bits(key_groups)  # (B, Hq, Q), (B, K, L)
     valid = torch.ones(b, length, dtype=torch.bool, device=device) if valid is None else valid
     if sinks is not None:
-        key_bits = key_bits.masked_fill(sinks.expand(b, length)[:, None] & valid[:, None], -1)  # every bit
+        key_bits = key_bits.masked_fill(sinks.expand(b, length)[:, None] & valid[:, None], SINK_BITS)
     per_query_head, per_key_head = heads // q_heads, heads // k_heads
 
     def mask_mod(batch, head, q_idx, kv_idx):
-        meet = (query_bits[batch, head // per_query_head, q_idx] & key_bits[batch, head // per_key_head, kv_idx]) != 0
+        meet = groups_meet(query_bits[batch, head // per_query_head, q_idx],
+                           key_bits[batch, head // per_key_head, kv_idx])
         position = q_idx + offset
-        return (position >= kv_idx) & valid[batch, kv_idx] & ((position - kv_idx < window) | meet)
+        return kept(position, kv_idx, window, meet, (position >= kv_idx) & valid[batch, kv_idx])
 
     # Compiled beyond 1,024 pairs a row: the eager build evaluates the mask over every (head, query, key) at once.
     return _create_block_mask()(mask_mod, b, heads, queries, length, device=device, BLOCK_SIZE=block,

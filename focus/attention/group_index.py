@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from focus.attention.group_bits import GROUP_BITS
+from focus.attention.pattern import GROUP_BITS, SINK_BITS, group_bits
 from focus.attention.routing import group_membership
 
 PAGE = 64
@@ -71,7 +71,7 @@ class GroupIndex:
         self.key_groups[:, :, start : start + n] = (groups.masked_fill(~valid[:, None, :, None], -1) if padded
                                                    else groups)
         if self.key_bits is not None:
-            bits = (1 << groups).sum(dim=-1)  # distinct groups: the sum is the OR
+            bits = group_bits(groups)
             self.key_bits[:, :, start : start + n] = bits * valid[:, None, :] if padded else bits
         if self._sinks_found:
             self.length = start + n
@@ -84,7 +84,7 @@ class GroupIndex:
         rows, cols = is_sink.nonzero(as_tuple=True)
         self.sinks[rows, order[rows, cols] - 1] = start + cols
         if self.key_bits is not None:  # a sink is in every group: every bit set, so a masked step needs no sink rule
-            self.key_bits[rows, :, start + cols] = -1
+            self.key_bits[rows, :, start + cols] = SINK_BITS
         self._real += valid.sum(dim=1)
         self._sinks_found = bool((self._real >= self.sinks.shape[1]).all())
         self.length = start + n

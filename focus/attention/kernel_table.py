@@ -18,8 +18,8 @@ import torch
 import focus.attention.kernel_runs as runs
 from focus.attention.call import AttentionCall, CallState
 from focus.attention.facts import CallFacts
-from focus.attention.group_bits import GROUP_BITS
 from focus.attention.native import MAX_DIM as NATIVE_MAX_DIM
+from focus.attention.pattern import GROUP_BITS
 from focus.attention.step_cost import NATIVE_STEP_BELOW, sparse_step_pays
 from focus.config import FocusConfig
 

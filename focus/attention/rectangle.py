@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import torch
 
-from focus.attention.group_bits import GROUP_BITS
+from focus.attention.pattern import GROUP_BITS, group_bits
 from focus.attention.segments import Entries, masked_with_lse, similar_lengths, subset_codes, subset_sign
 
 
@@ -58,7 +58,7 @@ def rectangle_entries(groups_q, groups_k, valid, sinks, once: bool = False) -> t
     bits_q = bits_k = skip = torch.zeros((), dtype=torch.long, device=device)
     if once:
         groups_q, groups_k = groups_q.clamp_min(0), groups_k.clamp_min(0)  # (padding's ids, if any, are never read)
-        bits_q, bits_k = ((1 << g).sum(dim=-1, keepdim=True) for g in (groups_q, groups_k))  # (B, K, L, 1)
+        bits_q, bits_k = (group_bits(g, keepdim=True) for g in (groups_q, groups_k))  # (B, K, L, 1)
         skip = bits_q & ((1 << groups_q) - 1)  # (B, K, L, k): the row's groups below its segment's
     q_segment, q_position, q_skip = rows(groups_q, valid, skip)
     k_segment, k_position, k_bits = rows(groups_k, valid & ~sinks, bits_k)

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from focus.attention.pattern import kept, within_window
 from focus.attention.routing import group_membership
 
 
@@ -36,9 +37,9 @@ def causal_pairs(q_len: int, k_len: int, device: torch.device | None = None) -> 
 
 
 def local_pairs(q_len: int, k_len: int, window: int, device: torch.device | None = None) -> torch.Tensor:
-    """(Q, L) bool: 0 <= pos(i) - pos(j) < window."""
-    distance = query_positions(q_len, k_len, device)[:, None] - torch.arange(k_len, device=device)[None, :]
-    return (distance >= 0) & (distance < window)
+    """(Q, L) bool: 0 <= pos(i) - pos(j) < window (`pattern.within_window`)."""
+    return within_window(query_positions(q_len, k_len, device)[:, None], torch.arange(k_len, device=device)[None, :],
+                         window)
 
 
 def model_allowed(base_mask: torch.Tensor | None, q_len: int, k_len: int, device=None) -> torch.Tensor:
@@ -151,7 +152,7 @@ def hard_allowed(
     dense: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Hard Focus: (B, K or H, Q, L) bool pairs kept = model-allowed and (local, sharing a group or a sink key, or in
-    a dense head).
+    a dense head): `pattern.kept`, groups compared by membership (any number of groups).
 
     Args:
         groups_q: (B, K or H, Q, top_k) group ids of the queries; groups_k: (B, K, L, top_k) of the keys.
@@ -160,13 +161,14 @@ def hard_allowed(
     A sink query needs no rule of its own: every key it can see (causally) is a sink too.
     """
     q_len, k_len = groups_q.shape[-2], groups_k.shape[-2]
-    local = local_pairs(q_len, k_len, window, groups_q.device)
-    focus = local | shared_group(groups_q, groups_k, num_groups)
-    if sinks is not None:
-        focus = focus | sinks[:, None, None, :]
+    device = groups_q.device
+    allowed = model_allowed(base_mask, q_len, k_len, device)
+    sink = None if sinks is None else sinks[:, None, None, :]
+    keep = kept(query_positions(q_len, k_len, device)[:, None], torch.arange(k_len, device=device)[None, :], window,
+                shared_group(groups_q, groups_k, num_groups), allowed, sink)
     if dense is not None:
-        focus = focus | per_head(dense, focus.shape[1])
-    return focus & model_allowed(base_mask, q_len, k_len, groups_q.device)
+        keep = keep | (per_head(dense, keep.shape[1]) & allowed)
+    return keep
 
 
 def dense_attention(

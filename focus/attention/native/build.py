@@ -11,14 +11,14 @@ import platform
 import warnings
 from pathlib import Path
 
-from focus.attention.group_bits import GROUP_BITS
+from focus.attention.pattern import GROUP_BITS
 
 _log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
 """The C++ sources and the headers they share."""
 
-SOURCES = ("bindings", "step", "indexer_step", "route", "rectangle", "rectangle_amx", "segments", "merge")
+SOURCES = ("bindings", "step", "indexer_step", "route", "rectangle", "rectangle_amx", "segments", "merge", "pattern")
 """The translation units of the extension, `csrc/<name>.cpp`."""
 
 MAX_DIM = 256

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from focus.attention.group_bits import GROUP_BITS
 from focus.attention.labels import label
 from focus.attention.native.build import MAX_DIM, kernels
+from focus.attention.pattern import GROUP_BITS
 
 
 def native_routed_prefill(query, key, value, groups_q, groups_k, window: int, valid, sinks, scaling: float,

@@ -15,4 +15,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("matrix_units", &focus_native::matrix_units);
   m.def("segment_rows", &segment_rows);
   m.def("merge_parts", &merge_parts);
+  m.def("pattern_pairs", &pattern_pairs);
 }

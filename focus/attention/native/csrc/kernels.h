@@ -18,7 +18,7 @@
 namespace focus_native {
 
 // The values Python shares with this code, defined once there (focus/attention/native/build.py's DEFINES, handed to
-// the compiler): group ids below GROUP_BITS are bits of one int64 (focus.attention.group_bits); heads of at most
+// the compiler): group ids below GROUP_BITS are bits of one int64 (focus.attention.pattern); heads of at most
 // MAX_DIM dimensions take the prompt kernels; FocusConfig.route_queries as the step's code.
 constexpr int64_t GROUP_BITS = FOCUS_GROUP_BITS;
 constexpr int64_t MAX_DIM = FOCUS_MAX_DIM;
@@ -55,6 +55,10 @@ at::Tensor indexer_step(const at::Tensor& query, const at::Tensor& key, const at
 // indexer_step.cpp: per row of index scores (N, L), -inf where a key is not a candidate, the `need`-th largest
 // candidate's score (+inf where it keeps none): the threshold of the indexer's prompt (indexer_prompt.py).
 at::Tensor indexer_thresholds(const at::Tensor& scores, const at::Tensor& need);
+
+// pattern.cpp: the pattern of pattern.h over a grid (tests/test_pattern.py).
+at::Tensor pattern_pairs(const at::Tensor& query_groups, const at::Tensor& key_groups, const at::Tensor& sinks,
+                         int64_t window, int64_t first_position);
 
 // rectangle.cpp: the query-routed prefill's rectangles.
 std::tuple<at::Tensor, at::Tensor> rectangles(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,

@@ -7,6 +7,8 @@
 
 #include "kernels.h"
 
+#include "pattern.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -48,11 +50,6 @@ Counts count_rows(const Sizes& s, int64_t bh, const int64_t* gq, const int64_t* 
   return c;
 }
 
-int64_t bits_of(const int64_t* groups, int64_t top_k) {
-  int64_t bits = 0;
-  for (int64_t slot = 0; slot < top_k; ++slot) bits |= int64_t{1} << groups[slot];
-  return bits;
-}
 
 }  // namespace
 
@@ -133,12 +130,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
           for (int64_t g = 0; g < s.groups; ++g) {
             if (c.queries[g] == 0) continue;
             k_rows[k_next[g]] = row;
-            k_bits[k_next[g]++] = -1;
+            k_bits[k_next[g]++] = focus_native::SINK_BITS;
           }
           continue;
         }
         const int64_t* mine = k_groups + pos * s.top_k;
-        const int64_t bits = bits_of(mine, s.top_k);
+        const int64_t bits = focus_native::group_bits(mine, s.top_k);
         for (int64_t slot = 0; slot < s.top_k; ++slot) {
           const int64_t g = mine[slot];
           if (c.queries[g] == 0) continue;
@@ -150,7 +147,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
       for (int64_t pos = 0; pos < s.length; ++pos) {
         if (!is_valid[b * s.length + pos]) continue;
         const int64_t* mine = q_groups + pos * s.top_k;
-        const int64_t bits = bits_of(mine, s.top_k);
+        const int64_t bits = focus_native::group_bits(mine, s.top_k);
         for (int64_t slot = 0; slot < s.top_k; ++slot) {
           const int64_t g = mine[slot];
           while (seen[g] < k_next[g] && k_rows[seen[g]] % s.length <= pos - window) ++seen[g];

@@ -8,6 +8,8 @@
 
 #include "kernels.h"
 
+#include "pattern.h"
+
 #include "kept_rows.h"
 #include "router.h"
 
@@ -48,11 +50,7 @@ void route(const at::Tensor& query, const at::Tensor& arrived, at::Tensor& key_g
                                                padded, share, top_k, temp};
   std::vector<float> cos_t(d / 2), sin_t(d / 2), x(d), logits(std::max(k_heads, heads) * num_groups), mean(num_groups);
   std::vector<int64_t> key_chosen(k_heads * top_k), query_chosen(routed_queries * top_k), query_bits(heads);
-  auto bits_of = [top_k](const int64_t* chosen) {
-    int64_t bits = 0;
-    for (int64_t s = 0; s < top_k; ++s) bits |= int64_t{1} << chosen[s];
-    return bits;
-  };
+  auto bits_of = [top_k](const int64_t* chosen) { return focus_native::group_bits(chosen, top_k); };
 
   for (int64_t b = 0; b < b_size; ++b) {
     if (freq) {  // the angles to undo: position * inv_freq[m]
@@ -101,12 +99,12 @@ void attend_chunk(const float* q, const int64_t* mine, int64_t r, int64_t d_runt
   for (int64_t i = 0; i < r; ++i) any_bits |= mine[i];
   int64_t n = 0;
   for (int64_t j = from; j < stop; ++j) {
-    const bool near = all || j >= local;
+    const bool near = all || j >= local;  // (within_window of the step's query: its last `window` keys)
     const int64_t key_groups = bits[j];
-    if (!near && (key_groups & any_bits) == 0) continue;
+    if (!near && !focus_native::groups_meet(key_groups, any_bits)) continue;
     if (allowed && !allowed[j * mask_step]) continue;
     int64_t by = 0;
-    for (int64_t i = 0; i < r; ++i) by |= static_cast<int64_t>(near || (key_groups & mine[i]) != 0) << i;
+    for (int64_t i = 0; i < r; ++i) by |= static_cast<int64_t>(near || focus_native::groups_meet(key_groups, mine[i])) << i;
     kept[n] = j;
     kept_by[n++] = by;
   }
