@@ -173,3 +173,19 @@ def test_a_pipeline_job_that_ran_out_of_space_ends_its_log_with_one_line(tmp_pat
         assert lines == ["working", "error: no space left to write a/b.json (0 bytes of it written, 0 bytes free in a)"]
     else:
         assert lines[1] == "Traceback (most recent call last):" and lines[-1] == "ValueError: a bug"
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["done", "failed"])
+def test_a_pipeline_job_stamps_its_tables_when_it_ends_and_only_then(tmp_path, fails):
+    """`start_job(..., stamp=outputs)`: a job that ends well gets its Markdown table's provenance line and sidecar
+    (`focus.pipeline.stamp`); a failed one leaves its outputs as they are, for Snakemake to remove."""
+    import sys
+
+    table = tmp_path / "table.md"
+    script = ("from pathlib import Path\nfrom focus.pipeline.start import start_job\n"
+              f"start_job({str(tmp_path / 'job.log')!r}, 1, stamp=[{str(table)!r}])\n"
+              f"Path({str(table)!r}).write_text('| a |\\n')\n" + ("raise ValueError('a bug')\n" if fails else ""))
+    assert subprocess.run([sys.executable, "-c", script], env={**os.environ, "FOCUS_PROFILE": "t@0"}).returncode == fails
+    text = table.read_text()
+    assert text.startswith("*Made at commit ") != fails and text.endswith("| a |\n")
+    assert (tmp_path / "table.provenance.json").exists() != fails

@@ -1,7 +1,8 @@
 """Every table and figure a pipeline rule writes says where it came from (issue 55): the commit, the profile and its
 hash, the machine, the packages, the date and the command that re-makes it.
 
-A table rule calls `stamp_outputs` on its outputs when it has written them: each Markdown table gets the provenance
+A table rule's job stamps its outputs when it ends well (`start_job(..., stamp=snakemake.output)` calls
+`stamp_outputs`): each Markdown table gets the provenance
 line at its top (as `focus.provenance.provenance_line` writes it for the benchmarks), and each table and figure a
 `<stem>.provenance.json` beside it, which the W&B report logs with the table. The Snakefile names the profile
 (`PROFILE`: name@hash of the resolved profile, `PROFILE_FILE`: the file it came from) in the environment of its jobs.

@@ -15,14 +15,18 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterable
 
 from focus.files import DiskFullError  # torch-free, as this module must stay
 
 _FULL_DISK: list[str] = []  # the line a job that ran out of space ends its log with
+_FAILED: list[str] = []  # the exception that ended the job, if one did
 
 
-def start_job(log: str | Path, threads: int) -> None:
-    """Send this job's stdout, stderr (progress bars) and logging to `log`, and use `threads` torch threads.
+def start_job(log: str | Path, threads: int, stamp: Iterable[str | Path] = ()) -> None:
+    """Send this job's stdout, stderr (progress bars) and logging to `log`, and use `threads` torch threads; when
+    the job ends without an error, `stamp` its outputs (tables and figures: where they came from,
+    `focus.pipeline.stamp`).
 
     Under SLURM, a job stopped by SIGTERM (its time limit, scancel, a preemption) first says which in its log.
     """
@@ -38,6 +42,8 @@ def start_job(log: str | Path, threads: int) -> None:
         sys.modules["torch"].set_num_threads(threads)
     sys.excepthook = _remember_a_full_disk
     atexit.register(_say_it_last)
+    if stamp:
+        atexit.register(_stamp_unless_failed, [str(path) for path in stamp])
     if "SLURM_JOB_ID" in os.environ:
         signal.signal(signal.SIGTERM, _report_slurm_stop)
 
@@ -46,10 +52,18 @@ def _remember_a_full_disk(kind, error, traceback) -> None:
     """A job that ran out of space ends its log with the line that says which file and where (`_say_it_last`), not
     with a traceback (the disk is full, the code is fine); any other failure prints its traceback. W&B's own hook,
     set over this one by a live run, prints every traceback first."""
+    _FAILED.append(kind.__name__)
     if issubclass(kind, DiskFullError):
         _FULL_DISK.append(str(error))
     else:
         sys.__excepthook__(kind, error, traceback)
+
+
+def _stamp_unless_failed(outputs: list[str]) -> None:
+    if not _FAILED:  # (a failed job's outputs are Snakemake's to remove)
+        from focus.pipeline.stamp import stamp_outputs
+
+        stamp_outputs(outputs)
 
 
 def _say_it_last() -> None:

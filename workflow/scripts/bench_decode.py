@@ -1,10 +1,9 @@
 """Rule bench_decode: decoding step and generate() speed, tables and figure."""
 
 from focus.pipeline.benchmark import run_decode_benchmark
-from focus.pipeline.stamp import stamp_outputs
 from focus.pipeline.start import start_job
 
-start_job(snakemake.log[0], snakemake.threads)
+start_job(snakemake.log[0], snakemake.threads, stamp=snakemake.output)
 run_decode_benchmark(
     settings=snakemake.params.decode,
     model_source=snakemake.params.model_source,
@@ -12,4 +11,3 @@ run_decode_benchmark(
     generate_csv=snakemake.output.generate,
     figure=snakemake.output.figure,
 )
-stamp_outputs(snakemake.output)  # the provenance line and sidecars (focus.pipeline.stamp)

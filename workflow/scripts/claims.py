@@ -1,10 +1,9 @@
 """Rule claims: the paper's claims against this profile's results."""
 
-from focus.pipeline.stamp import stamp_outputs
 from focus.pipeline.start import start_job
 from focus.report.claims import write_claims
 
-start_job(snakemake.log[0], 1)
+start_job(snakemake.log[0], 1, stamp=snakemake.output)
 inputs = dict(snakemake.input.items())
 extras = {name: inputs.pop(name) for name in ("scratch", "interpret") if name in inputs}
 write_claims(
@@ -14,4 +13,3 @@ write_claims(
     train_domain=snakemake.params.train_domain,
     csv=snakemake.output.csv,
 )
-stamp_outputs(snakemake.output)  # the provenance line and sidecars (focus.pipeline.stamp)

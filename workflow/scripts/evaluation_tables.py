@@ -1,10 +1,9 @@
 """Rule evaluation_tables: benchmark, TruthfulQA, prompt-length, LoRA, long-context and RULER tables and figures."""
 
-from focus.pipeline.stamp import stamp_outputs
 from focus.pipeline.start import start_job
 from focus.report.evaluation import write_evaluation_tables
 
-start_job(snakemake.log[0], 1)
+start_job(snakemake.log[0], 1, stamp=snakemake.output)
 write_evaluation_tables(
     benchmark_records=snakemake.input.benchmarks,
     samples={path.split("/")[-2]: path for path in snakemake.input.samples},
@@ -17,4 +16,3 @@ write_evaluation_tables(
     ruler_records=snakemake.input.ruler,
     outputs={name: path for name, path in snakemake.output.items() if not name.endswith(("_md", "_svg"))},
 )
-stamp_outputs(snakemake.output)  # the provenance line and sidecars (focus.pipeline.stamp)

@@ -1,10 +1,9 @@
 """Rule interpret: group balance and contents of one trained (model, variant) on held-out text."""
 
 from focus.pipeline.interpret import interpret_adapter
-from focus.pipeline.stamp import stamp_outputs
 from focus.pipeline.start import start_job
 
-start_job(snakemake.log[0], snakemake.threads)
+start_job(snakemake.log[0], snakemake.threads, stamp=snakemake.output)
 interpret_adapter(
     source=snakemake.params.source,
     dtype=snakemake.params.dtype,
@@ -24,4 +23,3 @@ interpret_adapter(
     examples_html=snakemake.output.examples,
     labels=dict(snakemake.wildcards),
 )
-stamp_outputs(snakemake.output)  # the provenance line and sidecars (focus.pipeline.stamp)

@@ -1,10 +1,9 @@
 """Rule peers_table: the trained router against the training-free peers (CSV + Markdown, trade-off figure)."""
 
-from focus.pipeline.stamp import stamp_outputs
 from focus.pipeline.start import start_job
 from focus.report.peers import write_peers
 
-start_job(snakemake.log[0], snakemake.threads)
+start_job(snakemake.log[0], snakemake.threads, stamp=snakemake.output)
 write_peers(
     records=snakemake.input.perplexity,
     router=snakemake.params.router,
@@ -13,4 +12,3 @@ write_peers(
     domain=snakemake.params.domain,
     other=snakemake.params.other,
 )
-stamp_outputs(snakemake.output)  # the provenance line and sidecars (focus.pipeline.stamp)

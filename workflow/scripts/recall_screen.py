@@ -3,10 +3,10 @@
 import os
 
 from focus.pipeline.screens import recall_screen
-from focus.pipeline.stamp import PROFILE_FILE, stamp_outputs
+from focus.pipeline.stamp import PROFILE_FILE
 from focus.pipeline.start import start_job
 
-start_job(snakemake.log[0], snakemake.threads)
+start_job(snakemake.log[0], snakemake.threads, stamp=snakemake.output)
 recall_screen(
     source=snakemake.params.source,
     dtype=snakemake.params.dtype,
@@ -17,4 +17,3 @@ recall_screen(
     stem=snakemake.output.csv.removesuffix(".csv"),
     command=f"snakemake {snakemake.output.csv} --configfile {os.environ.get(PROFILE_FILE, '<profile>')}",
 )
-stamp_outputs(snakemake.output)  # the provenance line and sidecars (focus.pipeline.stamp)

@@ -1,10 +1,9 @@
 """Rule study: the design study's table and figure."""
 
-from focus.pipeline.stamp import stamp_outputs
 from focus.pipeline.start import start_job
 from focus.report.study import write_study
 
-start_job(snakemake.log[0], snakemake.threads)
+start_job(snakemake.log[0], snakemake.threads, stamp=snakemake.output)
 write_study(
     model=snakemake.params.model,
     variants=snakemake.params.variants,
@@ -21,4 +20,3 @@ write_study(
     tradeoff=snakemake.output.get("tradeoff"),
     other_domain=snakemake.params.other_domain,
 )
-stamp_outputs(snakemake.output)  # the provenance line and sidecars (focus.pipeline.stamp)
