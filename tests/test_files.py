@@ -185,7 +185,8 @@ def test_a_pipeline_job_stamps_its_tables_when_it_ends_and_only_then(tmp_path, f
     script = ("from pathlib import Path\nfrom focus.pipeline.start import start_job\n"
               f"start_job({str(tmp_path / 'job.log')!r}, 1, stamp=[{str(table)!r}])\n"
               f"Path({str(table)!r}).write_text('| a |\\n')\n" + ("raise ValueError('a bug')\n" if fails else ""))
-    assert subprocess.run([sys.executable, "-c", script], env={**os.environ, "FOCUS_PROFILE": "t@0"}).returncode == fails
+    environment = {**os.environ, "FOCUS_PROFILE": "t@0"}
+    assert subprocess.run([sys.executable, "-c", script], env=environment).returncode == fails
     text = table.read_text()
     assert text.startswith("*Made at commit ") != fails and text.endswith("| a |\n")
     assert (tmp_path / "table.provenance.json").exists() != fails

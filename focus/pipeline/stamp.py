@@ -2,9 +2,9 @@
 hash, the machine, the packages, the date and the command that re-makes it.
 
 A table rule's job stamps its outputs when it ends well (`start_job(..., stamp=snakemake.output)` calls
-`stamp_outputs`): each Markdown table gets the provenance
-line at its top (as `focus.provenance.provenance_line` writes it for the benchmarks), and each table and figure a
-`<stem>.provenance.json` beside it, which the W&B report logs with the table. The Snakefile names the profile
+`stamp_outputs`): each Markdown table gets the provenance line at its top (as `focus.provenance.provenance_line`
+writes it for the benchmarks), and each table and figure a `<stem>.provenance.json` beside it, which the W&B report
+logs with the table. The Snakefile names the profile
 (`PROFILE`: name@hash of the resolved profile, `PROFILE_FILE`: the file it came from) in the environment of its jobs.
 Torch-free: the table jobs start in a fraction of a second.
 """
