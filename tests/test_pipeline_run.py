@@ -195,4 +195,5 @@ def test_forcerun_rebuilds_only_the_rule_and_its_dependants(mini_run):
     changed = {p.relative_to(results).as_posix() for p in files if p.stat().st_mtime_ns != before[p]}
     assert changed == {"figures/loss_curves.png", "figures/loss_curves.svg", "figures/perplexity.png",
                        "figures/perplexity.svg", "notebooks/results.ipynb", "logs/figures.log", "logs/notebook.log",
-                       "logs/wandb_report.log"}
+                       "logs/wandb_report.log", "figures/loss_curves.provenance.json",
+                       "figures/perplexity.provenance.json"}  # (the figures' provenance: made again with them)
