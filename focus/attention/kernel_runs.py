@@ -45,7 +45,7 @@ def run_indexer_prompt(state: CallState, call: AttentionCall) -> torch.Tensor:
 
 
 def run_indexer_native_prompt(state: CallState, call: AttentionCall) -> torch.Tensor:
-    """The indexer's prompt, each row's threshold by the native histogram (`csrc/indexer_step.cpp`)."""
+    """The indexer's prompt, each row's threshold by the native histogram (`native/csrc/indexer_step.cpp`)."""
     with label("focus/indexer_native_prompt"):
         return indexer_prompt_attention(state.module, call, kernels().indexer_thresholds)
 
