@@ -10,6 +10,7 @@ mean log-probability of the key. Writes <out>/passkey_<tag>.{csv,md} after every
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from focus.eval.needle import needle_trials
 from focus.files import write_text
 from focus.models import PACKAGED_SMOLLM2, load_model
 from focus.pipeline.jobs import read_tokens
+from focus.provenance import git_commit, provenance_line
 
 DEPTHS = [0.1, 0.3, 0.5, 0.7, 0.9]
 
@@ -37,6 +39,7 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--tag", default="screen")
     args = parser.parse_args()
+    commit = git_commit()  # now: the checkout may move on while the screen runs
     model, tokenizer = load_model(PACKAGED_SMOLLM2, getattr(torch, args.dtype))
     filler = read_tokens(Path(args.tokens) / "books_by_book.tokens.safetensors", args.split)
     rows = []
@@ -63,7 +66,8 @@ def main() -> None:
                    f"--lengths {' '.join(map(str, args.lengths))} --tag {args.tag}`.")
         out = Path(args.out)
         write_text(out / f"passkey_{args.tag}.csv", frame.to_csv(index=False))
-        write_text(out / f"passkey_{args.tag}.md", f"{setting}\n\n{markdown_table(frame, '.3g')}\n")
+        stamp = provenance_line("python " + " ".join(sys.argv), commit)
+        write_text(out / f"passkey_{args.tag}.md", f"{stamp}\n\n{setting}\n\n{markdown_table(frame, '.3g')}\n")
 
 
 if __name__ == "__main__":

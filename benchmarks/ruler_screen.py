@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from focus.artifacts import markdown_table
 from focus.eval.ruler import run_ruler
 from focus.files import write_text
 from focus.models import PACKAGED_SMOLLM2, load_model
+from focus.provenance import git_commit, provenance_line
 
 
 def main() -> None:
@@ -38,6 +40,7 @@ def main() -> None:
     parser.add_argument("--append", action="store_true", help="keep the rows already in the table (pretrained too; "
                         "an adapter's rows are replaced only at the tasks and lengths scored again)")
     args = parser.parse_args()
+    args.commit = git_commit()  # now: the checkout may move on while the screen runs
 
     model, tokenizer = load_model(PACKAGED_SMOLLM2, getattr(torch, args.dtype))
     table = Path(args.out) / f"ruler_screen_{args.tag}.csv"
@@ -94,7 +97,8 @@ def _write(rows: list[dict], args) -> None:
                "per task and length; hard Focus with each adapter's own dense heads. gap_in_stderrs: (score - "
                "pretrained) / sqrt(stderr^2 + pretrained stderr^2); within 2 is 'within two standard errors'.")
     write_text(out / f"ruler_screen_{args.tag}.csv", frame.to_csv(index=False))
-    write_text(out / f"ruler_screen_{args.tag}.md", f"{setting}\n\n{markdown_table(frame, '.3g')}\n")
+    stamp = provenance_line("python " + " ".join(sys.argv), args.commit)
+    write_text(out / f"ruler_screen_{args.tag}.md", f"{stamp}\n\n{setting}\n\n{markdown_table(frame, '.3g')}\n")
 
 
 if __name__ == "__main__":
