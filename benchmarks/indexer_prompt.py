@@ -27,8 +27,8 @@ import torch.nn.functional as F
 
 from focus.artifacts import markdown_table
 from focus.attention.call import AttentionCall
-from focus.attention.indexer import KEY_WEIGHTS, QUERY_WEIGHTS
-from focus.attention.indexer_prompt import indexer_prompt_attention, prompt_blocks, topk_thresholds
+from focus.attention.indexer import KEY_WEIGHTS, QUERY_WEIGHTS, topk_thresholds
+from focus.attention.indexer_prompt import indexer_prompt_attention, prompt_blocks
 from focus.attention.kernel_runs import masked
 from focus.attention.native import kernels
 from focus.attention.selectors import selected_pairs

@@ -7,7 +7,8 @@ from test_indexer import Layer, case
 from test_reference import padded_causal_mask
 
 from focus.attention.call import AttentionCall
-from focus.attention.indexer_prompt import indexer_prompt_attention, topk_thresholds
+from focus.attention.indexer import topk_thresholds
+from focus.attention.indexer_prompt import indexer_prompt_attention
 from focus.attention.kernel_runs import masked
 from focus.attention.selectors import selected_pairs
 

@@ -92,7 +92,8 @@ def _attend(module, query, key, value, attention_mask, scaling, dropout, softcap
     if isinstance(index, KeyCodes):  # the indexer's codes of the keys that just arrived, whatever attends
         past = k_len - query.shape[-2]
         index.extend(key_codes(module, key[:, :, past:]), past)
-    if chosen.attention == "hard" and kernel_row(chosen.kernel).selector == "indexer":  # its own prompt and steps
+    # The indexer's own prompt and steps (the router checked first: no table lookup on the groups' decoding steps).
+    if chosen.attention == "hard" and chosen.router == "indexer" and kernel_row(chosen.kernel).selector == "indexer":
         return _run(chosen, CallState(module, index), call)
     if isinstance(index, KeyCodes):
         index = None  # (no groups to index)

@@ -21,6 +21,7 @@ Shapes: B batch, H query heads, K key/value heads, R = H / K, Q queries, L keys,
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -149,15 +150,28 @@ def _rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
                        ).view(b, k_heads, -1, x.shape[-1])
 
 
-def top_scored(scores: torch.Tensor, distant: torch.Tensor, need: torch.Tensor) -> torch.Tensor:
+Thresholds = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""(scores (N, L), -inf where a key is no candidate; need (N,) int64) -> (N,) the `need`-th largest candidate score
+(+inf where a row keeps none): `topk_thresholds`, or the native kernels' histogram (`indexer_thresholds`)."""
+
+
+def topk_thresholds(scores: torch.Tensor, need: torch.Tensor) -> torch.Tensor:
+    """`Thresholds` by `topk` of the most any row needs (any device), not a sort of all its keys (8K keys: 2K kept)."""
+    most = max(int(need.max()), 1) if need.numel() else 1
+    ranked = scores.topk(min(most, scores.shape[-1]), dim=-1).values
+    threshold = ranked.gather(-1, (need[:, None] - 1).clamp(0, ranked.shape[-1] - 1))[:, 0]
+    return threshold.masked_fill(need <= 0, float("inf"))
+
+
+def top_scored(scores: torch.Tensor, distant: torch.Tensor, need: torch.Tensor,
+               thresholds: Thresholds = topk_thresholds) -> torch.Tensor:
     """(.., Q, L) bool: of each query's `distant` keys (broadcast to `scores` (.., Q, L)), the `need` (.., Q, 1) with
-    the highest scores (ties at the threshold all kept, which floats make rare)."""
-    distant = distant.expand_as(scores)
-    need = need.expand(*scores.shape[:-1], 1)
-    most = max(int(need.max()), 1)  # the best `most` of each query, not a sort of all its keys (8K keys: 2K kept)
-    ranked = scores.masked_fill(~distant, float("-inf")).topk(min(most, scores.shape[-1]), dim=-1).values
-    threshold = ranked.gather(-1, (need - 1).clamp(0, ranked.shape[-1] - 1))
-    return distant & (scores >= threshold) & (need > 0)
+    the highest scores (ties at the threshold all kept, which floats make rare), each row's threshold by
+    `thresholds`."""
+    candidates = scores.masked_fill(~distant.expand_as(scores), float("-inf"))
+    rows = need.expand(*scores.shape[:-1], 1).reshape(-1)
+    threshold = thresholds(candidates.reshape(-1, scores.shape[-1]), rows).view(*scores.shape[:-1], 1)
+    return distant & (scores >= threshold)
 
 
 def indexer_loss(

@@ -18,31 +18,19 @@ a few times the unmodified model's cost instead of 19x, in bounded memory.
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterator
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from focus.attention.call import AttentionCall
-from focus.attention.indexer import codes_scores, distant_need, key_codes, query_codes
+from focus.attention.indexer import Thresholds, codes_scores, distant_need, key_codes, query_codes, top_scored
 from focus.attention.reference import local_pairs, model_allowed
 from focus.attention.routing import sink_keys
 
 PROMPT_QUERIES = 256
 """Queries per block: the block's mask (K x 256 x L booleans) stays small, and SDPA's products stay large."""
-
-Thresholds = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-"""(scores (N, L), -inf where a key is no candidate; need (N,) int64) -> (N,) the `need`-th largest candidate score
-(+inf where a row keeps none)."""
-
-
-def topk_thresholds(scores: torch.Tensor, need: torch.Tensor) -> torch.Tensor:
-    """`Thresholds` by `topk` of the most any row needs (any device)."""
-    most = max(int(need.max()), 1) if need.numel() else 1
-    ranked = scores.topk(min(most, scores.shape[-1]), dim=-1).values
-    threshold = ranked.gather(-1, (need[:, None] - 1).clamp(0, ranked.shape[-1] - 1))[:, 0]
-    return threshold.masked_fill(need <= 0, float("inf"))
 
 
 def indexer_prompt_attention(
@@ -93,15 +81,7 @@ def prompt_blocks(
         distant = allowed & ~free
         need = distant_need(config, distant.sum(dim=-1, keepdim=True))  # (B or 1, 1, c, 1)
         scores = codes_scores(selection_codes[:, :, start:stop], codes[:, :, :end], d)  # (B, S, c, e)
-        yield start, stop, end, (free | _top(scores, distant, need, thresholds)) & allowed
-
-
-def _top(scores: torch.Tensor, distant: torch.Tensor, need: torch.Tensor, thresholds: Thresholds) -> torch.Tensor:
-    """(B, S, c, e) `indexer.top_scored`'s keys, each row's threshold found by `thresholds`."""
-    candidates = scores.masked_fill(~distant, float("-inf"))
-    rows = need.expand(*scores.shape[:-1], 1).reshape(-1)
-    threshold = thresholds(candidates.reshape(-1, scores.shape[-1]), rows).view(*scores.shape[:-1], 1)
-    return distant & (scores >= threshold)
+        yield start, stop, end, (free | top_scored(scores, distant, need, thresholds)) & allowed
 
 
 def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pairs: torch.Tensor, scale: float,

@@ -12,8 +12,8 @@ from focus.attention.call import AttentionCall, CallState
 from focus.attention.decoding import masked_decode_attention, sparse_decode_attention
 from focus.attention.decomposed import decomposed_hard_attention
 from focus.attention.group_index import GroupIndex
-from focus.attention.indexer import QUERY_WEIGHTS, indexer_decode_attention
-from focus.attention.indexer_prompt import indexer_prompt_attention, topk_thresholds
+from focus.attention.indexer import QUERY_WEIGHTS, indexer_decode_attention, topk_thresholds
+from focus.attention.indexer_prompt import indexer_prompt_attention
 from focus.attention.labels import label
 from focus.attention.native import ROUTE_QUERIES, kernels
 from focus.attention.reference import dense_attention, hard_allowed, sdpa_grouped, unmodified_attention

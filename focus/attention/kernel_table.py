@@ -75,10 +75,14 @@ def _pays(config: FocusConfig, facts: CallFacts) -> bool:
     return sparse_step_pays(config.num_groups, config.top_k, routing_heads, facts.k_heads, facts.keys)
 
 
+def _off_the_cpu(facts: CallFacts) -> str | None:
+    return f"the native kernels run on the CPU, the call on {facts.device}" if facts.device != "cpu" else None
+
+
 def _native_blocker(config: FocusConfig, facts: CallFacts) -> str | None:
     """Why the native kernels (the step and the prefill) cannot take the call, whatever the call."""
-    if facts.device != "cpu":
-        return f"the native kernels run on the CPU, the call on {facts.device}"
+    if blocker := _off_the_cpu(facts):
+        return blocker
     if config.num_groups > GROUP_BITS:
         return f"{config.num_groups} groups > {GROUP_BITS}"
     return None
@@ -107,8 +111,8 @@ def _indexer_native_prompt(config: FocusConfig, facts: CallFacts) -> str | None:
         return blocker
     if facts.cache == "eager":
         return "the cache runs no native kernels (FocusCache(native=False))"
-    if facts.device != "cpu":
-        return f"the native kernels run on the CPU, the call on {facts.device}"
+    if blocker := _off_the_cpu(facts):
+        return blocker
     if not facts.has_native_kernels:
         return "the native kernels cannot be built here"
     return None
@@ -118,9 +122,7 @@ def _native_cache_step(facts: CallFacts) -> str | None:
     """Why no native step (the groups' or the indexer's) can take the call, whatever routes it."""
     if facts.cache != "native":
         return "the cache runs no native kernels (FocusCache(native=False))"
-    if facts.device != "cpu":
-        return f"the native kernels run on the CPU, the call on {facts.device}"
-    return None
+    return _off_the_cpu(facts)
 
 
 def _indexer_native_step(config: FocusConfig, facts: CallFacts) -> str | None:
