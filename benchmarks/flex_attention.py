@@ -6,8 +6,8 @@ One SmolLM2-shaped layer (9 query heads, 3 key/value heads of 64), float32, rand
 query head its own: `route_queries="query"`), window 128, one sink. Per prompt length, in turns (medians of
 `--repeats` rounds after a warm-up round, `focus.eval.speed.interleaved_seconds`):
 - `sdpa`: dense causal attention (`scaled_dot_product_attention`, grouped-query heads), what the unmodified model runs;
-- `flex`: `focus.attention.flex.flex_hard_attention`, compiled, under the pattern's `BlockMask` (built outside the
-  timing; `mask_s` is its build, once per layer and prompt in a model);
+- `flex`: `focus.attention.kernels.flex.flex_hard_attention`, compiled, under the pattern's `BlockMask` (built outside
+  the timing; `mask_s` is its build, once per layer and prompt in a model);
 - `native`: the decomposition's native backend (what a FocusCache prefill runs on the CPU);
 - `torch`: the decomposition's PyTorch backend (what a prompt without a cache runs).
 And one decoding step over the same keys: dense SDPA, the native step (routing and index upkeep included), FlexAttention
@@ -26,8 +26,8 @@ import pandas as pd
 import torch
 
 from focus.artifacts import markdown_table
-from focus.attention.decomposed import decomposed_hard_attention
-from focus.attention.flex import block_density, flex_hard_attention, focus_block_mask
+from focus.attention.kernels.decomposed import decomposed_hard_attention
+from focus.attention.kernels.flex import block_density, flex_hard_attention, focus_block_mask
 from focus.eval.decode_speed import decode_step_rows
 from focus.eval.speed import balanced_groups, interleaved_seconds
 from focus.files import write_text

@@ -24,8 +24,8 @@ import torch
 
 from focus import FocusConfig, apply_focus, load_focus, set_focus_mode
 from focus.artifacts import markdown_table
-from focus.attention.decoding import FocusCache
-from focus.attention.growing_cache import GrowingCache
+from focus.attention.cache.decoding import FocusCache
+from focus.attention.cache.growing_cache import GrowingCache
 from focus.attention.native import kernels_built
 from focus.files import write_text
 from focus.models import PACKAGED_SMOLLM2, load_model

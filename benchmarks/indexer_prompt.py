@@ -5,7 +5,7 @@
 SmolLM2's layer shape (9 query heads, 3 key/value heads of 64), window 128, one sink, rank 32, one selection per
 key/value head, `--keys` distant keys per query (one count per length). Sides: `unmodified` (causal SDPA over every
 pair, the query heads sharing their key/value head: the model's own prompt), `native_prompt` and `eager_prompt` (the
-indexer's prompt rows, `focus.attention.indexer_prompt`: every causal pair under each block's mask, each query's
+indexer's prompt rows, `focus.attention.kernels.indexer_prompt`: every causal pair under each block's mask, each query's
 threshold by the native histogram or by topk), `router` (the native row's selection alone: key codes, scores,
 thresholds and masks, no attention: what any kernel of this selection pays before it attends) and, up to
 `--reference-below` keys, `dense_masked` (the whole call's mask, the reference the rows replace).
@@ -26,12 +26,12 @@ import torch
 import torch.nn.functional as F
 
 from focus.artifacts import markdown_table
-from focus.attention.call import AttentionCall
-from focus.attention.indexer import KEY_WEIGHTS, QUERY_WEIGHTS, topk_thresholds
-from focus.attention.indexer_prompt import indexer_prompt_attention, prompt_blocks
-from focus.attention.kernel_runs import masked
+from focus.attention.dispatch.kernel_runs import masked
+from focus.attention.kernels.call import AttentionCall
+from focus.attention.kernels.indexer_prompt import indexer_prompt_attention, prompt_blocks
 from focus.attention.native import kernels
-from focus.attention.selectors import selected_pairs
+from focus.attention.routers.indexer import KEY_WEIGHTS, QUERY_WEIGHTS, topk_thresholds
+from focus.attention.routers.selectors import selected_pairs
 from focus.config import FocusConfig
 from focus.eval.speed import interleaved_seconds
 from focus.files import write_text

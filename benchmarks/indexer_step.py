@@ -6,8 +6,8 @@ SmolLM2's layer shape (9 query heads, 3 key/value heads of 64), window 128, one 
 head. Sides, each the step of one token over a cache of L keys: `unmodified` (PyTorch SDPA over every key, as the
 model attends, the query heads of a key/value head folded into its queries: the fastest dense step here),
 `indexer_step` (scores from the cached rank-r key codes, top-k, gather, SDPA over the kept keys:
-`focus.attention.indexer.indexer_decode_attention`, the router's cost included), `native_step` (the same as one native
-call: `csrc/indexer_step.cpp`, partial selection, the kept keys read in place) and `selected_mask` (the indexer's
+`focus.attention.routers.indexer.indexer_decode_attention`, the router's cost included), `native_step` (the same as one
+native call: `csrc/indexer_step.cpp`, partial selection, the kept keys read in place) and `selected_mask` (the indexer's
 selection as a mask over the whole cache: the path selectors take without a step kernel). Writes
 <out>/indexer_step.{csv,md}, headed by where and how it was made.
 """
@@ -23,10 +23,10 @@ import torch
 import torch.nn.functional as F
 
 from focus.artifacts import markdown_table
-from focus.attention.indexer import KEY_WEIGHTS, QUERY_WEIGHTS, indexer_decode_attention, key_codes
 from focus.attention.native import kernels
-from focus.attention.reference import dense_attention
-from focus.attention.selectors import selected_pairs
+from focus.attention.pattern.reference import dense_attention
+from focus.attention.routers.indexer import KEY_WEIGHTS, QUERY_WEIGHTS, indexer_decode_attention, key_codes
+from focus.attention.routers.selectors import selected_pairs
 from focus.config import FocusConfig
 from focus.eval.speed import interleaved_seconds
 from focus.files import write_text

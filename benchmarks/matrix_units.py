@@ -20,9 +20,9 @@ import torch
 
 from focus import load_focus, remove_focus, set_focus_mode
 from focus.artifacts import markdown_table
-from focus.attention.decoding import FocusCache
-from focus.attention.facts import use_matrix_units
-from focus.attention.growing_cache import GrowingCache
+from focus.attention.cache.decoding import FocusCache
+from focus.attention.cache.growing_cache import GrowingCache
+from focus.attention.dispatch.facts import use_matrix_units
 from focus.attention.native import kernels
 from focus.data import load_corpus, tokenize_corpus
 from focus.eval.decode_speed import attention_clock

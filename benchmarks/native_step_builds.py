@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch.utils.cpp_extension import load
 
 from focus.attention.native import build_settings, define_flags
-from focus.attention.pattern import group_bits
+from focus.attention.pattern.rule import group_bits
 
 
 def best_microseconds(call, calls: int = 300) -> float:

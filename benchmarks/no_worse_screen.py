@@ -40,7 +40,7 @@ import torch
 
 from focus import load_focus, remove_focus, set_focus_mode
 from focus.artifacts import markdown_table
-from focus.attention.fast_path import fast_path
+from focus.attention.dispatch.fast_path import fast_path
 from focus.config import FocusConfig, to_dict
 from focus.data import chunk_tokens
 from focus.eval.diagnostics import distant_attention_recall, heads_by_loss

@@ -23,8 +23,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from focus import apply_focus, load_focus, remove_focus
-from focus.attention.decoding import FocusCache
-from focus.attention.growing_cache import GrowingCache
+from focus.attention.cache.decoding import FocusCache
+from focus.attention.cache.growing_cache import GrowingCache
 from focus.attention.native import kernels
 from focus.config import FocusConfig
 from focus.data import load_corpus, tokenize_corpus

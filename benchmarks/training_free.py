@@ -7,7 +7,7 @@
 `kmeans`: `apply_focus` with the trained adapter's FocusConfig (hard top-2 of 16, window 128, query routing), its
 centroids the spherical k-means of each layer's unrotated keys on the 8 calibration rows a training job takes (the
 first 8 rows of 512 tokens of the training novels), never trained: the same selection rule, the same kept share in
-expectation, no gradient step. `--peer SELECTOR:BUDGET`: a training-free selector of `focus.attention.selectors`
+expectation, no gradient step. `--peer SELECTOR:BUDGET`: a training-free selector of `focus.attention.routers.selectors`
 (streaming, quest, clusters) keeping that share of each query's distant keys, under the first adapter's window and
 sinks ("clusters": its clusters those same k-means centroids). Each adapter given with `--adapter NAME=FOLDER` is
 scored beside them. Scored on the TEST
@@ -167,7 +167,7 @@ def _setting(args, config: FocusConfig) -> str:
             f"per corpus and context, perplexity change against pretrained with paired 95% intervals over the windows; "
             f"`kmeans`: the centroids spherical k-means leaves on 8 calibration rows, never trained; "
             f"`SELECTOR@BUDGET`: a training-free selector keeping that share of each query's distant keys "
-            f"(`focus.attention.selectors`). "
+            f"(`focus.attention.routers.selectors`). "
             f"`benchmarks/training_free.py --contexts {' '.join(map(str, args.contexts))}"
             f"{''.join(f' --peer {p}' for p in args.peer)}`.")
 

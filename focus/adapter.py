@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
-from focus.attention.indexer import KEY_WEIGHTS, QUERY_WEIGHTS
+from focus.attention.routers.indexer import KEY_WEIGHTS, QUERY_WEIGHTS
 from focus.config import ConfigError, FocusConfig, to_dict
 from focus.distributed import barrier, copy_full_, full_state, is_main_process
 from focus.files import atomic_write, write_json

@@ -304,7 +304,7 @@ def _generate(argv: list[str]) -> int:
     import torch
 
     from focus.adapter import load_focus
-    from focus.attention.decoding import FocusCache
+    from focus.attention.cache.decoding import FocusCache
     from focus.models import load_model
     from focus.retrofit import set_focus_mode
 

@@ -210,8 +210,8 @@ class FocusConfig:
         metadata={
             "help": "Hard mode at inference: which rule picks a query's distant keys. 'centroids' is Focus (the keys "
             "of the query's top-k groups); the others keep a share `budget` of each query's distant keys: "
-            "'indexer' those with the highest low-rank estimate of their logit (focus.attention.indexer: trained "
-            "against the frozen model's attention, the objective 'attention_recall'; untrained, the keys' principal "
+            "'indexer' those with the highest low-rank estimate of their logit (focus.attention.routers.indexer: "
+            "trained against the frozen model's attention, the objective 'attention_recall'; untrained, the keys' principal "
             "directions, as Loki; always in hard mode), and the training-free peers: 'streaming' the most recent "
             "ones (budget 0: StreamingLLM), 'quest' whole pages of 16 keys by Quest's bound on their logits, "
             "'clusters' whole clusters of keys (nearest centroid) by the query's routing logit (ClusterKV). They run "

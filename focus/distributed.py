@@ -7,8 +7,8 @@ over processes); optimizer state exists for the centroid shards only. FSDP2 shar
 weights and trainable centroids can live in the same layer.
 
 Data parallelism: each process scores its own rows of every global batch. The running group-balance bias that
-inference routing uses is averaged across processes in `focus.attention.routing.route_keys`, so every process (and a
-single-process run on the same global batch) ends with the same buffers. `focus.train.train_parameters` splits
+inference routing uses is averaged across processes in `focus.attention.routers.routing.route_keys`, so every process
+(and a single-process run on the same global batch) ends with the same buffers. `focus.train.train_parameters` splits
 every batch over the processes and writes whole (gathered) tensors in the single-process checkpoint format.
 
 Launching: under `torchrun`, `torchrun_process_group` joins the processes torchrun started; `run_on_processes`

@@ -19,9 +19,10 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from focus.attention.function import FOCUS_ATTENTION, focus_attention
-from focus.attention.indexer import KEY_WEIGHTS, QUERY_WEIGHTS, calibrate_indexer
-from focus.attention.reference import unmodified_attention
-from focus.attention.routing import key_positions, routing_vectors, spherical_kmeans
+from focus.attention.pattern.reference import unmodified_attention
+from focus.attention.routers.centroids import spherical_kmeans
+from focus.attention.routers.indexer import KEY_WEIGHTS, QUERY_WEIGHTS, calibrate_indexer
+from focus.attention.routers.routing import key_positions, routing_vectors
 from focus.config import FocusConfig, dense_head_address
 from focus.distributed import copy_full_
 from focus.models import input_device
@@ -298,7 +299,8 @@ def kmeans_centroids(
     seed: int = 0,
 ) -> None:
     """Set each layer's centroids to spherical k-means of that layer's routing vectors, and its indexer, if it has one
-    (`selector="indexer"`), to the principal directions of its keys (`focus.attention.indexer.calibrate_indexer`).
+    (`selector="indexer"`), to the principal directions of its keys
+    (`focus.attention.routers.indexer.calibrate_indexer`).
 
     The model runs with its own (dense) attention while the vectors are collected, so layer l sees
     exactly the vectors the unmodified network produces.

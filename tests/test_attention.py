@@ -5,10 +5,11 @@ import torch
 from torch import nn
 
 from focus import FocusConfig
-from focus.attention.fast_path import fast_path
+from focus.attention.dispatch.fast_path import fast_path
 from focus.attention.function import focus_attention
-from focus.attention.reference import dense_attention, hard_allowed, soft_bias
-from focus.attention.routing import route_keys, routing_logits, sink_keys, top_k_groups
+from focus.attention.pattern.reference import dense_attention, hard_allowed, soft_bias
+from focus.attention.routers.centroids import routing_logits, top_k_groups
+from focus.attention.routers.routing import route_keys, sink_keys
 
 
 def make_layer(config: FocusConfig, kv_heads: int, head_dim: int, seed: int = 0) -> nn.Module:

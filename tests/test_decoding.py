@@ -9,14 +9,14 @@ import pytest
 import torch
 from test_attention import make_inputs, make_layer, reference_attention, reference_with_dense_heads, run_focus
 
-import focus.attention.decoding
+import focus.attention.cache.decoding
+import focus.attention.cache.group_index
+import focus.attention.dispatch.kernel_runs
+import focus.attention.dispatch.kernel_table
 import focus.attention.function
-import focus.attention.group_index
-import focus.attention.kernel_runs
-import focus.attention.kernel_table
 from focus import FocusConfig
-from focus.attention.decoding import CACHE_INDEX_ATTRIBUTE
-from focus.attention.group_index import GroupIndex
+from focus.attention.cache.decoding import CACHE_INDEX_ATTRIBUTE
+from focus.attention.cache.group_index import GroupIndex
 
 
 @pytest.fixture(autouse=True)
@@ -24,7 +24,7 @@ def small_pages(request, monkeypatch):
     """Pages of 4 positions, so that the short sequences here spread every group's list over several pages (a test
     marked `real_pages` keeps the library's size)."""
     if "real_pages" not in request.keywords:
-        monkeypatch.setattr(focus.attention.group_index, "PAGE", 4)
+        monkeypatch.setattr(focus.attention.cache.group_index, "PAGE", 4)
 
 CASES = {
     # heads, kv_heads, top_k, window, sinks, pads, route_queries
@@ -43,19 +43,19 @@ CASES = {
 
 @contextlib.contextmanager
 def counting_calls(name: str):
-    """Counts the calls of `focus.attention.kernel_runs.<name>` (a plain counter: a Mock would keep every call's cache
-    alive)."""
-    calls, step = [0], getattr(focus.attention.kernel_runs, name)
+    """Counts the calls of `focus.attention.dispatch.kernel_runs.<name>` (a plain counter: a Mock would keep every
+    call's cache alive)."""
+    calls, step = [0], getattr(focus.attention.dispatch.kernel_runs, name)
 
     def counted(*args, **kwargs):
         calls[0] += 1
         return step(*args, **kwargs)
 
-    setattr(focus.attention.kernel_runs, name, counted)
+    setattr(focus.attention.dispatch.kernel_runs, name, counted)
     try:
         yield calls
     finally:
-        setattr(focus.attention.kernel_runs, name, step)
+        setattr(focus.attention.dispatch.kernel_runs, name, step)
 
 
 def counting_sparse_steps():
@@ -81,7 +81,8 @@ def decode(layer, q, key, v, mask, prompt: int, chunk: int = 1):
 def step(request, monkeypatch):
     """Which decoding step runs: through the group lists ("sparse") or under the hard mask ("masked"), whatever the
     cost model would choose at these lengths."""
-    monkeypatch.setattr(focus.attention.kernel_table, "sparse_step_pays", lambda *args: request.param == "sparse")
+    monkeypatch.setattr(focus.attention.dispatch.kernel_table, "sparse_step_pays",
+                        lambda *args: request.param == "sparse")
     return request.param
 
 
@@ -228,7 +229,7 @@ def test_generate_through_a_focus_cache_on_smollm2_is_the_dense_pattern(smollm2,
     The prompt is 1,024 tokens and 120 are generated in the suite (44-47 s here; 200 took 64 s);
     FOCUS_DECODE_TEST_PROMPT=4096 runs the issue's 4K check (several minutes on a 2-core CPU)."""
     from focus import apply_focus, remove_focus
-    from focus.attention.decoding import FocusCache
+    from focus.attention.cache.decoding import FocusCache
     from focus.data import load_corpus, tokenize_corpus
 
     model, tokenizer = smollm2
@@ -242,7 +243,7 @@ def test_generate_through_a_focus_cache_on_smollm2_is_the_dense_pattern(smollm2,
     calibration = text[None, 9000:9512]
     apply_focus(model, FocusConfig(num_groups=16, window=64, top_k=2, mode="hard"), calibration_ids=calibration)
     turns = itertools.cycle([True, False])
-    monkeypatch.setattr(focus.attention.kernel_table, "sparse_step_pays", lambda *args: next(turns))
+    monkeypatch.setattr(focus.attention.dispatch.kernel_table, "sparse_step_pays", lambda *args: next(turns))
     try:
         with torch.no_grad(), counting_sparse_steps() as calls:
             out = model.generate(input_ids=ids, attention_mask=mask, past_key_values=FocusCache(model, native=False),
@@ -283,7 +284,7 @@ def test_decode_step_rows_time_both_sides_and_count_the_keys_a_step_reads():
 
 
 def test_cache_rows_are_addressed_in_place_when_the_cache_is_a_prefix_and_copied_otherwise():
-    from focus.attention.decoding import _as_rows
+    from focus.attention.cache.decoding import _as_rows
 
     buffer = torch.randn(2, 3, 10, 4)
     for cache, copied in ((buffer[:, :, :7], False), (buffer, False), (buffer[:, :, 3:], True)):

@@ -3,17 +3,16 @@
 import pytest
 import torch
 
-from focus.attention.decomposed import (
-    available_backends,
+from focus.attention.dispatch.facts import available_backends, decomposition_backend
+from focus.attention.dispatch.fast_path import current_fast_path, fast_path, use_fast_path
+from focus.attention.kernels.decomposed import (
     decomposed_hard_attention,
     pair_counts,
     theoretical_ratio,
 )
-from focus.attention.facts import decomposition_backend
-from focus.attention.fast_path import current_fast_path, fast_path, use_fast_path
 from focus.attention.native import native_routed_prefill
-from focus.attention.reference import causal_pairs, dense_attention, hard_allowed
-from focus.attention.routing import sink_keys
+from focus.attention.pattern.reference import causal_pairs, dense_attention, hard_allowed
+from focus.attention.routers.routing import sink_keys
 
 
 def random_groups(b, k_heads, length, num_groups, top_k, generator, empty=()):
@@ -121,7 +120,7 @@ def test_the_plan_sends_what_the_native_prefill_does_not_take_to_the_eager_decom
     """Group ids from 63 on do not fit the segments' group bits, and padding on the right breaks the band's runs of
     keys: the native prefill refuses them in one line, the plan of a native FocusCache's prompt does not ask it, and
     the eager decomposition it asks instead is the dense reference."""
-    from focus.attention.planning import CallFacts, plan
+    from focus.attention.dispatch.planning import CallFacts, plan
     from focus.config import FocusConfig
 
     num_groups = 70 if layout == "70 groups" else 5
@@ -148,8 +147,8 @@ def test_the_plan_sends_what_the_native_prefill_does_not_take_to_the_eager_decom
 def test_native_segments_are_the_eager_ones(routing):
     """`segment_rows` (one native counting pass) gives the rows of `rectangle_entries(once=True)` in the same order,
     and every query row the same keys to read, skipped ones included (segments no query reads are left out)."""
+    from focus.attention.kernels.rectangle import rectangle_entries
     from focus.attention.native import kernels
-    from focus.attention.rectangle import rectangle_entries
 
     *_, groups, valid = inputs(2, 6, 2, 260, 8, 7, 2, seed=2, pad=17)
     heads = 6 if routing == "query" else 2
@@ -282,7 +281,7 @@ def test_hard_focus_model_logits_equal_the_dense_path(family, route_queries, mon
     padding, for every family (Mistral's and Gemma's own sliding windows and Gemma 2's soft-capping take the dense
     path by design: the decomposition is only used where the model mask is causal plus padding)."""
     from focus import FocusConfig, apply_focus
-    from focus.attention import kernel_runs
+    from focus.attention.dispatch import kernel_runs
     from focus.models import tiny_model
 
     model = tiny_model(family, seed=0)

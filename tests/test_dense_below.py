@@ -8,14 +8,14 @@ import torch
 from test_attention import make_inputs, make_layer, reference_with_dense_heads, run_focus
 from test_decoding import decode
 
+import focus.attention.dispatch.kernel_runs
+import focus.attention.dispatch.kernel_table
 import focus.attention.function
-import focus.attention.kernel_runs
-import focus.attention.kernel_table
 from focus import FocusConfig, apply_focus, set_focus_mode
-from focus.attention.decoding import CACHE_INDEX_ATTRIBUTE, FocusCache
-from focus.attention.fast_path import fast_path
-from focus.attention.group_index import GroupIndex
-from focus.attention.reference import unmodified_attention
+from focus.attention.cache.decoding import CACHE_INDEX_ATTRIBUTE, FocusCache
+from focus.attention.cache.group_index import GroupIndex
+from focus.attention.dispatch.fast_path import fast_path
+from focus.attention.pattern.reference import unmodified_attention
 from focus.config import ConfigError
 from focus.models import tiny_model
 from focus.retrofit import focus_disabled, focus_parameters
@@ -27,9 +27,10 @@ BELOW = {"inside the window": 3, "beyond the window": 20, "beyond the sequence":
 
 
 def counting(monkeypatch, name: str) -> list:
-    """Counts the calls of `<name>` in `focus.attention.kernel_runs` (a kernel) or `focus.attention.function` (a
-    router): which path a call took."""
-    module = focus.attention.kernel_runs if hasattr(focus.attention.kernel_runs, name) else focus.attention.function
+    """Counts the calls of `<name>` in `focus.attention.dispatch.kernel_runs` (a kernel) or `focus.attention.function`
+    (a router): which path a call took."""
+    runs = focus.attention.dispatch.kernel_runs
+    module = runs if hasattr(runs, name) else focus.attention.function
     calls, original = [], getattr(module, name)
 
     def counted(*args, **kwargs):
@@ -99,7 +100,7 @@ def test_rows_below_are_the_unmodified_attention_and_rows_from_it_focus(case, be
 def test_decoding_steps_and_chunks_switch_where_the_position_crosses_it(chunk, step, monkeypatch):
     """A prompt of 12, then `chunk` tokens a call through the group index: queries before 15 (steps, or part of a chunk
     that starts mid-sequence) attend as the model, later ones as Focus (the dense reference of the whole sequence)."""
-    monkeypatch.setattr(focus.attention.kernel_table, "sparse_step_pays", lambda *args: step == "sparse")
+    monkeypatch.setattr(focus.attention.dispatch.kernel_table, "sparse_step_pays", lambda *args: step == "sparse")
     config = FocusConfig(num_groups=4, top_k=2, window=4, sink_tokens=1, mode="hard", dense_below=15,
                          dense_heads=["l0h1"])
     layer = make_layer(config, 3, 8)

@@ -5,8 +5,9 @@ import torch
 from test_attention import make_inputs, make_layer
 
 from focus import FocusConfig, apply_focus, remove_focus, set_focus_mode
-from focus.attention.reference import dense_attention, hard_allowed
-from focus.attention.routing import sink_keys, top_k_groups
+from focus.attention.pattern.reference import dense_attention, hard_allowed
+from focus.attention.routers.centroids import top_k_groups
+from focus.attention.routers.routing import sink_keys
 from focus.data import chunk_tokens, load_corpus, tokenize_corpus
 from focus.eval.diagnostics import (
     _oracle_attention,

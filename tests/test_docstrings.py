@@ -14,6 +14,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ATTENTION = ROOT / "focus" / "attention"
+PACKAGES = ("focus.attention", *(f"focus.attention.{room.name}" for room in sorted(ATTENTION.iterdir())
+                                 if (room / "__init__.py").exists() and room.name != "native"))
+"""Where a short name (`routing.route_keys`, `rule.kept`) is looked for: the wing and each of its packages."""
 DOTTED = re.compile(r"`([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)`")
 FOCUS_NAME = re.compile(r"(?<![\w.`])(focus(?:\.[A-Za-z_]\w*)+)")
 FILE = re.compile(r"(?<![\w./<-])((?:\.\.?/)*[\w-]+(?:/[\w.-]+)*\.(?:py|md|cpp|h|csv|json|toml))\b")
@@ -43,15 +46,15 @@ def comments(path: Path) -> list[str]:
 
 
 def resolves(dotted: str, home: str) -> bool:
-    """Whether `dotted` names something: from `focus.`, from a module of the attention wing (`routing.route_keys`,
-    `build.kernels` inside the native room), or from a name of the citing module itself (`KeyRows.bits`). Other
+    """Whether `dotted` names something: from `focus.`, from a module of the attention wing or one of its packages
+    (`routing.route_keys`, `kernels.band`; `build.kernels` inside the native room), or from a name of the citing module itself (`KeyRows.bits`). Other
     dotted words (`torch.topk`, a config key) are not this check's to judge: True."""
     first, *rest = dotted.split(".")
     in_native_room = home == "focus.attention.native" or home.startswith("focus.attention.native.")
     candidates = []
     if first == "focus":
         candidates.append(("focus", rest))
-    for base in ("focus.attention", "focus.attention.native") if in_native_room else ("focus.attention",):
+    for base in (*PACKAGES, "focus.attention.native") if in_native_room else PACKAGES:
         if importlib.util.find_spec(f"{base}.{first}") is not None:
             candidates.append((f"{base}.{first}", rest))
     module = importlib.import_module(home)
@@ -124,12 +127,12 @@ def test_every_file_the_attention_wing_cites_is_in_the_repository():
 
 def test_the_checks_see_a_name_and_a_file_that_do_not_exist(tmp_path):
     """The checks above are not vacuous."""
-    assert resolves("routing.route_keys", "focus.attention.decoding")
-    assert resolves("focus.attention.native.kernels", "focus.attention.decoding")
-    assert not resolves("routing.route_natively", "focus.attention.decoding")
-    assert not resolves("focus.attention.native_step.native_step", "focus.attention.decoding")
-    assert resolves("KeyRows.bits", "focus.attention.rectangle")
-    assert not resolves("KeyRows.pits", "focus.attention.rectangle")
-    citing = ATTENTION / "decoding.py"
+    assert resolves("routing.route_keys", "focus.attention.cache.decoding")
+    assert resolves("focus.attention.native.kernels", "focus.attention.cache.decoding")
+    assert not resolves("routing.route_natively", "focus.attention.cache.decoding")
+    assert not resolves("focus.attention.native_step.native_step", "focus.attention.cache.decoding")
+    assert resolves("KeyRows.bits", "focus.attention.kernels.rectangle")
+    assert not resolves("KeyRows.pits", "focus.attention.kernels.rectangle")
+    citing = ATTENTION / "cache" / "decoding.py"
     assert in_repository("docs/decoding.md", citing) and in_repository("tests/test_decoding.py", citing)
     assert not in_repository("../shared/FACTS.md", citing) and not in_repository("report/claims.py", citing)

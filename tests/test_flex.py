@@ -1,11 +1,11 @@
-"""Focus's hard pattern through FlexAttention (`focus.attention.flex`) against the dense masked reference."""
+"""Focus's hard pattern through FlexAttention (`focus.attention.kernels.flex`) against the dense masked reference."""
 
 import pytest
 import torch
 
-from focus.attention.flex import block_density, flex_hard_attention, focus_block_mask
-from focus.attention.reference import causal_pairs, dense_attention, hard_allowed
-from focus.attention.routing import sink_keys
+from focus.attention.kernels.flex import block_density, flex_hard_attention, focus_block_mask
+from focus.attention.pattern.reference import causal_pairs, dense_attention, hard_allowed
+from focus.attention.routers.routing import sink_keys
 
 
 def case(routing: str, seed: int = 0):

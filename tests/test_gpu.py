@@ -12,8 +12,8 @@ from test_training import tiny_llama
 
 from focus import FocusConfig, apply_focus, set_focus_mode
 from focus.attention import explain
-from focus.attention.decoding import FocusCache
-from focus.attention.fast_path import fast_path
+from focus.attention.cache.decoding import FocusCache
+from focus.attention.dispatch.fast_path import fast_path
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 CUDA_CASES = ["top1 gqa sinks", "top2 sinks padding", "top3", "head size 64", "head size 128"]
@@ -51,11 +51,12 @@ def test_a_focus_model_on_cuda_prefills_and_decodes_as_the_dense_path(route_quer
 
 
 def test_flex_attention_on_cuda_is_the_dense_reference():
-    """FlexAttention under Focus's BlockMask, compiled for CUDA (`focus.attention.flex`): its GPU use, one flag away."""
+    """FlexAttention under Focus's BlockMask, compiled for CUDA (`focus.attention.kernels.flex`): its GPU use, one flag
+    away."""
     from test_flex import case
 
-    from focus.attention.flex import flex_hard_attention, focus_block_mask
-    from focus.attention.reference import causal_pairs, dense_attention, hard_allowed
+    from focus.attention.kernels.flex import flex_hard_attention, focus_block_mask
+    from focus.attention.pattern.reference import causal_pairs, dense_attention, hard_allowed
 
     query, key, value, key_groups, query_groups, valid, sinks = (t.cuda() for t in case("query"))
     mask = focus_block_mask(query_groups, key_groups, 20, valid, sinks, heads=6)

@@ -5,7 +5,7 @@ import torch
 from test_training import tiny_llama
 from transformers import DynamicCache
 
-from focus.attention.growing_cache import GrowingCache, GrowingLayer
+from focus.attention.cache.growing_cache import GrowingCache, GrowingLayer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,5 +1,5 @@
-"""The per-key indexer (`focus.attention.indexer`, issue 54): its selection against a per-query statement, its KL
-loss against a per-query definition, its training on the frozen model, its adapter, and the recall screen."""
+"""The per-key indexer (`focus.attention.routers.indexer`, issue 54): its selection against a per-query statement, its
+KL loss against a per-query definition, its training on the frozen model, its adapter, and the recall screen."""
 
 import json
 import math
@@ -11,7 +11,7 @@ from test_training import tiny_llama
 
 from focus import FocusConfig, apply_focus, load_focus, remove_focus, save_focus, set_focus_mode
 from focus.adapter import WEIGHTS_NAME, AdapterError
-from focus.attention.indexer import (
+from focus.attention.routers.indexer import (
     KEY_WEIGHTS,
     QUERY_WEIGHTS,
     indexer_loss,
@@ -19,8 +19,8 @@ from focus.attention.indexer import (
     principal_directions,
     top_scored,
 )
-from focus.attention.routing import centroids_training, sink_keys
-from focus.attention.selectors import selected_pairs
+from focus.attention.routers.routing import centroids_training, sink_keys
+from focus.attention.routers.selectors import selected_pairs
 from focus.config import ConfigError
 from focus.eval.recall_screen import routing_recall
 from focus.retrofit import attention_modules, focus_parameters
@@ -222,7 +222,7 @@ def test_the_screen_gives_the_full_rank_indexer_the_oracles_recall_and_bounds_th
 
 
 def test_a_long_calls_loss_is_the_mean_over_evenly_spaced_queries(monkeypatch):
-    import focus.attention.indexer as indexer
+    import focus.attention.routers.indexer as indexer
 
     layer = Layer(rank=3)
     query, key = case(length=40)
@@ -301,9 +301,9 @@ def test_a_rank_above_the_head_size_is_refused_before_the_model_is_touched():
 
 def native_indexer_step(layer, step, key, value, codes, base, scaling):
     """The native step (`csrc/indexer_step.cpp`) as its row runs it."""
-    from focus.attention.call import AttentionCall, CallState
-    from focus.attention.kernel_runs import run_indexer_native_step
-    from focus.attention.key_codes import KeyCodes
+    from focus.attention.cache.key_codes import KeyCodes
+    from focus.attention.dispatch.kernel_runs import run_indexer_native_step
+    from focus.attention.kernels.call import AttentionCall, CallState
 
     index = KeyCodes(key.shape[0], key.shape[1], codes.shape[-1], key.device, native=True)
     index.extend(codes, 0)
@@ -312,7 +312,7 @@ def native_indexer_step(layer, step, key, value, codes, base, scaling):
 
 
 def eager_indexer_step(layer, step, key, value, codes, base, scaling):
-    from focus.attention.indexer import indexer_decode_attention
+    from focus.attention.routers.indexer import indexer_decode_attention
 
     return indexer_decode_attention(layer, step, key, value, codes, base, scaling)
 
@@ -326,8 +326,8 @@ STEPS = [pytest.param(eager_indexer_step, id="eager"), pytest.param(native_index
 def test_the_indexer_step_is_the_dense_reference_over_its_selection(step_kernel, route_queries, budget):
     """One decoding step from the cached key codes (the kept keys read by index, eager or native) = attention under
     the selection mask `selected_pairs` makes, with left padding, the window and a sink."""
-    from focus.attention.indexer import key_codes
-    from focus.attention.reference import dense_attention
+    from focus.attention.pattern.reference import dense_attention
+    from focus.attention.routers.indexer import key_codes
 
     layer = Layer(route_queries=route_queries, budget=budget)
     query, key = case(seed=5, length=20)
@@ -343,7 +343,7 @@ def test_the_indexer_step_is_the_dense_reference_over_its_selection(step_kernel,
 def test_the_native_indexer_step_keeps_what_the_eager_one_keeps_at_length_in_both_dtypes():
     """A longer cache (several parts per selection over the cores), two sinks, a count budget, query heads per key/value
     head of 3, bfloat16 too: the native step = the eager step."""
-    from focus.attention.indexer import key_codes
+    from focus.attention.routers.indexer import key_codes
 
     layer = Layer(heads=6, k_heads=2, d=16, rank=4, route_queries="kv_head", budget_keys=700, sink_tokens=2)
     query, key = case(seed=7, heads=6, length=3000, d=16)
@@ -366,9 +366,9 @@ def test_generate_with_the_indexer_steps_through_its_key_codes_as_the_dense_path
     (`indexer_step` eager, `indexer_native_step` native) after its prompt (`indexer_prompt`, `indexer_native_prompt`),
     the tokens and logits are the dense masked path's (the fast-path switch pinned to it)."""
     import focus.attention.function as function
-    from focus.attention.decoding import FocusCache
-    from focus.attention.fast_path import fast_path
-    from focus.attention.key_codes import KeyCodes
+    from focus.attention.cache.decoding import FocusCache
+    from focus.attention.cache.key_codes import KeyCodes
+    from focus.attention.dispatch.fast_path import fast_path
 
     model = tiny_llama()
     ids = torch.randint(0, 128, (2, 40), generator=torch.Generator().manual_seed(3))
@@ -408,7 +408,7 @@ def test_generate_with_the_indexer_steps_through_its_key_codes_as_the_dense_path
 def test_a_prompt_within_the_window_attends_unmodified_and_still_fills_the_key_codes():
     """Every pair of a prompt no longer than the window is attended as the unmodified model does; the FocusCache still
     keeps every key's code, so that the steps beyond the window can select."""
-    from focus.attention.decoding import FocusCache
+    from focus.attention.cache.decoding import FocusCache
 
     model = tiny_llama()
     ids = torch.randint(0, 128, (1, 24), generator=torch.Generator().manual_seed(4))
@@ -426,8 +426,8 @@ def test_a_prompt_within_the_window_attends_unmodified_and_still_fills_the_key_c
 def test_a_count_of_keys_per_query_replaces_the_share():
     """`budget_keys`: each query keeps that many distant keys (all where it has fewer), in the selection and the
     step."""
-    from focus.attention.indexer import distant_need, indexer_decode_attention, key_codes
-    from focus.attention.reference import dense_attention
+    from focus.attention.pattern.reference import dense_attention
+    from focus.attention.routers.indexer import distant_need, indexer_decode_attention, key_codes
 
     config = FocusConfig(selector="indexer", budget=0.3, budget_keys=4)
     assert distant_need(config, torch.tensor([0, 3, 4, 100])).tolist() == [0, 3, 4, 4]

@@ -1,16 +1,16 @@
-"""The indexer's prompt kernels (`focus.attention.indexer_prompt`, rows `indexer_prompt` and `indexer_native_prompt`)
-against the dense masked reference over the indexer's pairs (`selectors.selected_pairs`)."""
+"""The indexer's prompt kernels (`focus.attention.kernels.indexer_prompt`, rows `indexer_prompt` and
+`indexer_native_prompt`) against the dense masked reference over the indexer's pairs (`selectors.selected_pairs`)."""
 
 import pytest
 import torch
 from test_indexer import Layer, case
 from test_reference import padded_causal_mask
 
-from focus.attention.call import AttentionCall
-from focus.attention.indexer import topk_thresholds
-from focus.attention.indexer_prompt import indexer_prompt_attention
-from focus.attention.kernel_runs import masked
-from focus.attention.selectors import selected_pairs
+from focus.attention.dispatch.kernel_runs import masked
+from focus.attention.kernels.call import AttentionCall
+from focus.attention.kernels.indexer_prompt import indexer_prompt_attention
+from focus.attention.routers.indexer import topk_thresholds
+from focus.attention.routers.selectors import selected_pairs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -97,7 +97,7 @@ def test_generate_runs_the_prompt_kernel_and_its_logits_are_the_dense_paths():
 
     from focus import FocusConfig, apply_focus
     from focus.attention import explain
-    from focus.attention.fast_path import fast_path
+    from focus.attention.dispatch.fast_path import fast_path
 
     model = tiny_llama()
     ids = torch.randint(0, 128, (2, 300), generator=torch.Generator().manual_seed(15))

@@ -18,7 +18,7 @@ import torch
 import yaml
 
 from focus import FocusConfig, apply_focus, save_focus, set_focus_mode
-from focus.attention.routing import inference_log_assign, routing_logits
+from focus.attention.routers.centroids import inference_log_assign, routing_logits
 from focus.config import ConfigError
 from focus.eval.categories import CATEGORY_NAMES, categorise, token_texts
 from focus.eval.config import InterpretConfig

@@ -119,6 +119,71 @@ def test_the_checks_see_a_loop_and_an_upward_import(tmp_path, monkeypatch):
         raise AssertionError(f"{check.__name__} missed what was planted")
 
 
+
+ATTENTION_ROOMS = ("labels", "pattern", "native", "routers", "cache", "kernels", "dispatch", "function", "__main__")
+"""The attention wing's packages, lowest first: a module imports its own package and those before it (the pattern
+from nothing, the kernels from the routers and the cache they read, the dispatch table from the kernels it runs), so
+no kernel imports the plan. `focus.attention` itself, the wing's entry, is above them all."""
+ATTENTION_MAX_LINES = 400
+
+
+def attention_room(name: str) -> int:
+    if name == "focus.attention":
+        return len(ATTENTION_ROOMS)
+    room = name.removeprefix("focus.attention.").split(".")[0]
+    assert room in ATTENTION_ROOMS, f"{name} is in no package of the attention wing: add it to ATTENTION_ROOMS"
+    return ATTENTION_ROOMS.index(room)
+
+
+def test_the_attention_wings_packages_import_downwards():
+    wrong = [f"{name} imports {target}" for name, targets in graph().items() if name.startswith("focus.attention")
+             for target in sorted(targets) if target.startswith("focus.attention")
+             and attention_room(target) > attention_room(name)]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_attention_wing_is_a_few_packages_of_small_modules():
+    found = {name: path for name, path in modules().items() if name.startswith("focus.attention.")}
+    top = sorted(name for name, path in found.items() if name.count(".") == 2 and path.name != "__init__.py")
+    long = {name: n for name, path in found.items() if (n := len(path.read_text().splitlines())) > ATTENTION_MAX_LINES}
+    assert top == ["focus.attention.__main__", "focus.attention.function", "focus.attention.labels"] and not long, (
+        top, long)
+
+
+def private_imports(path: Path, home: str) -> list[str]:
+    """The private names (`_name`) that `path`, a module of package `home`, imports from another package's module."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith("focus"):
+            if node.module.rpartition(".")[0] != home and node.module != home:
+                found += [f"{node.module}.{alias.name}" for alias in node.names
+                          if alias.name.startswith("_") and not alias.name.endswith("__")]
+    return found
+
+
+def test_no_module_imports_another_packages_private_names():
+    wrong = {name: found for name, path in modules().items()
+             if (found := private_imports(path, name if path.name == "__init__.py" else name.rpartition(".")[0]))}
+    assert not wrong, wrong
+
+
+def test_the_package_checks_see_an_upward_and_a_private_import(tmp_path, monkeypatch):
+    """The checks above are not vacuous: a kernel that imports the plan, and a router that takes a cache's private
+    helper, are both reported."""
+    kernel, router = tmp_path / "band.py", tmp_path / "indexer.py"
+    kernel.write_text("from focus.attention.dispatch.planning import plan\n")
+    router.write_text("from focus.attention.cache.decoding import _private\nfrom focus.attention.routers.routing "
+                      "import _own_package\n")
+    assert private_imports(router, "focus.attention.routers") == ["focus.attention.cache.decoding._private"]
+    known = {"focus.attention.kernels.band": kernel, "focus.attention.dispatch.planning": tmp_path / "planning.py"}
+    known["focus.attention.dispatch.planning"].write_text("")
+    monkeypatch.setitem(globals(), "modules", lambda: known)
+    try:
+        test_the_attention_wings_packages_import_downwards()
+    except AssertionError:
+        return
+    raise AssertionError("the upward import of the plan was missed")
+
 NATIVE = "focus.attention.native"
 NATIVE_ROOM = PACKAGE / "attention" / "native"
 NATIVE_SOURCE_SUFFIXES = (".c", ".cc", ".cpp", ".cu", ".cuh", ".h", ".hpp")

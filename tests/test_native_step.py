@@ -5,11 +5,11 @@ import torch
 from test_attention import make_inputs, make_layer, reference_attention, reference_with_dense_heads
 from test_decoding import CASES, counting_calls, decode
 
+import focus.attention.dispatch.kernel_table
 import focus.attention.function
-import focus.attention.kernel_table
 from focus import FocusConfig, apply_focus
-from focus.attention.decoding import FocusCache
-from focus.attention.group_index import GroupIndex
+from focus.attention.cache.decoding import FocusCache
+from focus.attention.cache.group_index import GroupIndex
 from focus.models import tiny_model
 
 
@@ -21,14 +21,14 @@ def counting_native_steps():
 @pytest.fixture(autouse=True)
 def masked_steps(monkeypatch):
     """Every one-token step under the mask (the native step's path), whatever the cost model would choose."""
-    monkeypatch.setattr(focus.attention.kernel_table, "sparse_step_pays", lambda *args: False)
+    monkeypatch.setattr(focus.attention.dispatch.kernel_table, "sparse_step_pays", lambda *args: False)
 
 
 def eager_steps(monkeypatch):
     """The steps of a native index as an eager one's (its prompt stays native)."""
     from dataclasses import replace
 
-    table = focus.attention.kernel_table
+    table = focus.attention.dispatch.kernel_table
     rows = tuple(replace(row, declines=lambda config, facts: "the test asks for eager steps")
                  if row.name == "native_step" else row for row in table.KERNEL_TABLE)
     monkeypatch.setattr(table, "KERNEL_TABLE", rows)
@@ -141,13 +141,13 @@ def test_a_prompt_routed_natively_gets_the_eager_groups(route_queries, rotary, s
     (`cache_key_groups` for the keys, `route_call` then top-k for the queries): the same groups, but where the eager
     scores of the k-th and the next group are within float32 rounding of each other (a product summed in another
     order may take either)."""
-    from focus.attention.routing import (
+    from focus.attention.routers.centroids import top_k_groups
+    from focus.attention.routers.routing import (
         cache_key_groups,
         key_positions,
         route_call,
         route_prompt_natively,
         routing_vectors,
-        top_k_groups,
     )
 
     config = FocusConfig(num_groups=7, top_k=2, window=4, sink_tokens=1, mode="hard", route_queries=route_queries,
@@ -180,9 +180,9 @@ def test_generate_with_the_native_step_on_smollm2_gives_the_eager_tokens(smollm2
     """Greedy generate() through FocusCache(native=True) after a left-padded prompt of real text: the tokens and
     logits of the eager FocusCache, every step past the prompt native, and the prompt's parts native
     (`native_routed_prefill`)."""
-    import focus.attention.decomposed
+    import focus.attention.kernels.decomposed
     from focus import apply_focus, remove_focus
-    from focus.attention.decoding import FocusCache
+    from focus.attention.cache.decoding import FocusCache
     from focus.data import load_corpus, tokenize_corpus
 
     model, tokenizer = smollm2
@@ -194,14 +194,14 @@ def test_generate_with_the_native_step_on_smollm2_gives_the_eager_tokens(smollm2
                 calibration_ids=text[None, 4000:4512])
     try:
         runs = []
-        prefills, native_prefill = [], focus.attention.decomposed.native_routed_prefill
+        prefills, native_prefill = [], focus.attention.kernels.decomposed.native_routed_prefill
 
         def counted_prefill(*args):
             out = native_prefill(*args)
             prefills.append(True)
             return out
 
-        focus.attention.decomposed.native_routed_prefill = counted_prefill
+        focus.attention.kernels.decomposed.native_routed_prefill = counted_prefill
         for compile_step in (False, True):
             with torch.no_grad(), counting_native_steps() as calls:
                 out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=24,
@@ -209,7 +209,7 @@ def test_generate_with_the_native_step_on_smollm2_gives_the_eager_tokens(smollm2
                                      output_logits=True, return_dict_in_generate=True)
             runs.append((out, calls[0], sum(prefills)))
     finally:
-        focus.attention.decomposed.native_routed_prefill = native_prefill
+        focus.attention.kernels.decomposed.native_routed_prefill = native_prefill
         remove_focus(model)
     (eager, eager_calls, eager_prefills), (native, native_calls, native_prefills) = runs
     assert eager_calls == 0 and native_calls == 23 * model.config.num_hidden_layers
@@ -232,7 +232,7 @@ def test_a_cropped_focus_cache_cuts_its_indexes_and_decodes_on_as_if_never_exten
     from test_training import tiny_llama
 
     from focus import apply_focus
-    from focus.attention.decoding import FocusCache
+    from focus.attention.cache.decoding import FocusCache
 
     model = tiny_llama()
     ids = torch.randint(0, 128, (1, 60), generator=torch.Generator().manual_seed(3))
@@ -253,10 +253,11 @@ def test_a_cropped_focus_cache_cuts_its_indexes_and_decodes_on_as_if_never_exten
 
 def test_the_native_step_runs_below_its_length_and_where_the_sparse_step_would_not_pay(monkeypatch):
     """Which step a SmolLM2-shaped layer (9/3 heads, 16 groups) takes by cache length, native steps asked for."""
-    from focus.attention.planning import CallFacts, plan
-    from focus.attention.step_cost import NATIVE_STEP_BELOW, sparse_step_pays
+    from focus.attention.dispatch.planning import CallFacts, plan
+    from focus.attention.dispatch.step_cost import NATIVE_STEP_BELOW, sparse_step_pays
 
-    monkeypatch.setattr(focus.attention.kernel_table, "sparse_step_pays", sparse_step_pays)  # the real cost model here
+    # the real cost model here
+    monkeypatch.setattr(focus.attention.dispatch.kernel_table, "sparse_step_pays", sparse_step_pays)
     def first_sparse(routing_heads, top_k):
         return next((n for n in range(256, 70_000, 256) if sparse_step_pays(16, top_k, routing_heads, 3, n)), None)
 

@@ -1,4 +1,4 @@
-"""Hard Focus's pattern stated once (`focus.attention.pattern`, and `native/csrc/pattern.h` for the C++): the two
+"""Hard Focus's pattern stated once (`focus.attention.pattern.rule`, and `native/csrc/pattern.h` for the C++): the two
 agree pair for pair, the dense reference is built from it, and no other module restates the group-bits rule."""
 
 import re
@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from focus.attention.pattern import GROUP_BITS, SINK_BITS, group_bits, groups_meet, kept, within_window
-from focus.attention.reference import hard_allowed
+from focus.attention.pattern.reference import hard_allowed
+from focus.attention.pattern.rule import GROUP_BITS, SINK_BITS, group_bits, groups_meet, kept, within_window
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -66,4 +66,4 @@ def test_the_group_bits_rule_is_written_once():
     found = sorted(str(path.relative_to(ROOT)) for folder in ("focus", "benchmarks")
                    for path in (ROOT / folder).rglob("*") if path.suffix in (".py", ".cpp", ".h")
                    and rule.search(path.read_text()))
-    assert found == ["focus/attention/native/csrc/pattern.h", "focus/attention/pattern.py"]
+    assert found == ["focus/attention/native/csrc/pattern.h", "focus/attention/pattern/rule.py"]

@@ -1,5 +1,5 @@
-"""The plan (`focus.attention.planning`): the one decision of which router and kernel compute a call, what executes,
-and the table docs/attention_plan.md writes of it."""
+"""The plan (`focus.attention.dispatch.planning`): the one decision of which router and kernel compute a call, what
+executes, and the table docs/attention_plan.md writes of it."""
 
 from pathlib import Path
 
@@ -7,14 +7,14 @@ import pytest
 import torch
 from test_training import tiny_llama
 
-import focus.attention.decomposed
+import focus.attention.dispatch.kernel_runs
 import focus.attention.function
-import focus.attention.kernel_runs
+import focus.attention.kernels.decomposed
 from focus import FocusConfig, apply_focus
 from focus.attention import CallFacts, explain, plan
-from focus.attention.decoding import FocusCache
-from focus.attention.fast_path import fast_path
-from focus.attention.planning import KERNELS, SCENARIOS, plan_table
+from focus.attention.cache.decoding import FocusCache
+from focus.attention.dispatch.fast_path import fast_path
+from focus.attention.dispatch.planning import KERNELS, SCENARIOS, plan_table
 
 DOCS = Path(__file__).parents[1] / "docs" / "attention_plan.md"
 
@@ -82,10 +82,10 @@ def test_what_runs_is_the_plan(native, monkeypatch):
         monkeypatch.setattr(module, name, counted)
 
     monkeypatch.setattr(focus.attention.function, "plan", recording)
-    counting(focus.attention.kernel_runs, "native_decoding_step", "native_step")
-    counting(focus.attention.kernel_runs, "masked_decode_attention", "masked_step")
-    counting(focus.attention.kernel_runs, "sparse_decode_attention", "sparse_step")
-    counting(focus.attention.kernel_runs, "decomposed_hard_attention",
+    counting(focus.attention.dispatch.kernel_runs, "native_decoding_step", "native_step")
+    counting(focus.attention.dispatch.kernel_runs, "masked_decode_attention", "masked_step")
+    counting(focus.attention.dispatch.kernel_runs, "sparse_decode_attention", "sparse_step")
+    counting(focus.attention.dispatch.kernel_runs, "decomposed_hard_attention",
              lambda args, kwargs: "decomposed_" + (args[8] if len(args) > 8 else kwargs["backend"]))
     with torch.no_grad():
         model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=6, min_new_tokens=6,
@@ -99,7 +99,7 @@ def test_what_runs_is_the_plan(native, monkeypatch):
 def test_the_kernel_is_the_first_row_that_does_not_decline_and_every_refusal_is_kept(monkeypatch):
     """The plan asks `KERNEL_TABLE` in order: a decoding step is asked of the step rows first, a prompt never is; each
     row before the chosen one says why it declined; a row added to the table is asked like any other."""
-    import focus.attention.kernel_table as table
+    import focus.attention.dispatch.kernel_table as table
 
     config = FocusConfig(mode="hard", top_k=2, window=256, route_queries="key")
     prompt = plan(config, CallFacts(queries=4096, keys=4096, cache="native"))
@@ -150,7 +150,7 @@ def test_the_fast_path_switch_is_a_fact_of_the_call():
 def test_matrix_units_are_a_row_the_plan_chooses_by_the_calls_dtype_and_the_cpu():
     """A bfloat16 prompt into a native FocusCache takes the matrix-unit row where the CPU has AMX, the vector one
     where it has not or `use_matrix_units(False)` says so; float32 is never asked about it."""
-    from focus.attention.facts import cpu_matrix_units, use_matrix_units
+    from focus.attention.dispatch.facts import cpu_matrix_units, use_matrix_units
 
     config = FocusConfig(mode="hard", top_k=2, window=256, route_queries="kv_head")
     bf16 = dict(queries=4096, keys=4096, cache="native", dtype="bfloat16")

@@ -11,8 +11,8 @@ from test_training import tiny_llama
 
 from focus import FocusConfig, apply_focus, load_focus
 from focus.adapter import read_adapter_config
-from focus.attention.recall import LOSSES_ATTRIBUTE, recall_loss
-from focus.attention.routing import sink_keys
+from focus.attention.routers.recall import LOSSES_ATTRIBUTE, recall_loss
+from focus.attention.routers.routing import sink_keys
 from focus.models import load_model
 from focus.pipeline.jobs import TrainingJob
 from focus.pipeline.stages import train_focus

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from focus.attention.reference import dense_attention, hard_allowed, local_pairs, soft_bias
-from focus.attention.routing import sink_keys
+from focus.attention.pattern.reference import dense_attention, hard_allowed, local_pairs, soft_bias
+from focus.attention.routers.routing import sink_keys
 
 
 def padded_causal_mask(batch, length, pads):

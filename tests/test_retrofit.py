@@ -19,7 +19,7 @@ from focus import (
     save_focus,
     set_focus_mode,
 )
-from focus.attention.routing import undo_rotary
+from focus.attention.routers.centroids import undo_rotary
 from focus.models import tiny_model
 from focus.retrofit import attention_modules
 from focus.sources import TINY_FAMILIES

@@ -3,8 +3,8 @@ import math
 import pytest
 import torch
 
-from focus.attention.routing import (
-    group_membership,
+from focus.attention.pattern.rule import group_membership
+from focus.attention.routers.centroids import (
     inference_log_assign,
     routing_logits,
     sinkhorn,
@@ -123,7 +123,7 @@ def test_one_pass_step_routing_equals_routing_keys_and_queries_apart(route_queri
     from test_attention import make_layer
 
     from focus import FocusConfig
-    from focus.attention.routing import cache_key_groups, route_query_heads, step_groups
+    from focus.attention.routers.routing import cache_key_groups, route_query_heads, step_groups
 
     config = FocusConfig(num_groups=6, top_k=2, route_queries=route_queries, shared_centroids=shared)
     layer = make_layer(config, 2, 8)

@@ -1,5 +1,5 @@
-"""The training-free selectors (`focus.attention.selectors`) against a query-by-query statement of each rule, and as a
-Focus model's attention against the dense reference (issue 47)."""
+"""The training-free selectors (`focus.attention.routers.selectors`) against a query-by-query statement of each rule,
+and as a Focus model's attention against the dense reference (issue 47)."""
 
 import math
 
@@ -8,9 +8,9 @@ import torch
 
 from focus import FocusConfig, apply_focus, remove_focus
 from focus.attention import explain
-from focus.attention.decoding import FocusCache
-from focus.attention.reference import causal_pairs, dense_attention
-from focus.attention.selectors import QUEST_PAGE, selected_pairs
+from focus.attention.cache.decoding import FocusCache
+from focus.attention.pattern.reference import causal_pairs, dense_attention
+from focus.attention.routers.selectors import QUEST_PAGE, selected_pairs
 from focus.config import ConfigError
 
 WINDOW, SINKS, LENGTH = 8, 1, 70
@@ -96,7 +96,7 @@ def test_quest_keeps_whole_pages_by_its_bound_on_the_logits(budget):
 
 @pytest.mark.parametrize("route_queries", ["query", "key"])
 def test_clusters_keep_whole_clusters_by_the_querys_routing(route_queries):
-    from focus.attention.routing import key_positions, route_call
+    from focus.attention.routers.routing import key_positions, route_call
 
     torch.manual_seed(0)
     layer = Layer(selector="clusters", budget=0.4, num_groups=4, route_queries=route_queries)

@@ -1,5 +1,5 @@
 """`python -m focus.attention`: the table of which attention path runs when (docs/attention_plan.md is its output)."""
 
-from focus.attention.planning import plan_table
+from focus.attention.dispatch.planning import plan_table
 
 print(plan_table(), end="")

@@ -3,10 +3,10 @@
 transformers hands it the layer module, the projected (and rotary-embedded) heads and the mask its
 registered mask function built; everything Focus needs (config, centroids, balance bias) sits on the
 module, put there by `apply_focus`. Each call reads its facts (`call_facts`), asks for its plan
-(`focus.attention.planning`: unmodified, soft or hard; which router, which kernel) and executes it: the router
-(`focus.attention.routing`, a selector, the indexer's key codes) makes the call's `CallState`, and the plan's row of
-`focus.attention.kernel_table` runs on it (`focus.attention.kernel_runs`). Where a query attends as the unmodified
-model does instead: `FocusConfig.dense_below`, `_dense_rows`.
+(`focus.attention.dispatch.planning`: unmodified, soft or hard; which router, which kernel) and executes it: the router
+(`focus.attention.routers.routing`, a selector, the indexer's key codes) makes the call's `CallState`, and the plan's
+row of `focus.attention.dispatch.kernel_table` runs on it (`focus.attention.dispatch.kernel_runs`). Where a query
+attends as the unmodified model does instead: `FocusConfig.dense_below`, `_dense_rows`.
 """
 
 from __future__ import annotations
@@ -14,25 +14,25 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from focus.attention.call import AttentionCall, CallState
-from focus.attention.decoding import index_new_keys, take_cache_index
-from focus.attention.facts import CallFacts
-from focus.attention.fast_path import current_fast_path
-from focus.attention.group_index import GroupIndex
-from focus.attention.indexer import indexer_loss, key_codes
-from focus.attention.kernel_table import kernel_row
-from focus.attention.key_codes import KeyCodes
+from focus.attention.cache.decoding import index_new_keys, take_cache_index
+from focus.attention.cache.group_index import GroupIndex
+from focus.attention.cache.key_codes import KeyCodes
+from focus.attention.dispatch.facts import CallFacts
+from focus.attention.dispatch.fast_path import current_fast_path
+from focus.attention.dispatch.kernel_table import kernel_row
+from focus.attention.dispatch.planning import Plan, plan
+from focus.attention.kernels.call import AttentionCall, CallState
 from focus.attention.labels import label
-from focus.attention.planning import Plan, plan
-from focus.attention.recall import LOSSES_ATTRIBUTE, recall_loss
-from focus.attention.reference import (
+from focus.attention.pattern.reference import (
     causal_pairs,
     dense_attention,
     sdpa_grouped,
     soft_bias,
     unmodified_attention,
 )
-from focus.attention.routing import (
+from focus.attention.routers.indexer import indexer_loss, key_codes
+from focus.attention.routers.recall import LOSSES_ATTRIBUTE, recall_loss
+from focus.attention.routers.routing import (
     Routed,
     cache_key_groups,
     centroids_training,
@@ -44,7 +44,7 @@ from focus.attention.routing import (
     sink_keys,
     step_groups,
 )
-from focus.attention.selectors import SELECTORS, selected_pairs
+from focus.attention.routers.selectors import SELECTORS, selected_pairs
 from focus.config import FocusConfig
 
 FOCUS_ATTENTION = "focus"
@@ -74,7 +74,7 @@ def focus_attention(
 
 
 def _attend(module, query, key, value, attention_mask, scaling, dropout, softcap, **kwargs) -> torch.Tensor:
-    """`focus_attention`'s output, (B, H, Q, D): the call's plan (`focus.attention.planning`), executed."""
+    """`focus_attention`'s output, (B, H, Q, D): the call's plan (`focus.attention.dispatch.planning`), executed."""
     config: FocusConfig = module.focus_config
     k_len = key.shape[-2]
     base_mask = None if attention_mask is None else attention_mask[..., :k_len]
@@ -153,7 +153,7 @@ def _keep_recall_loss(module: nn.Module, loss: torch.Tensor) -> None:
 def call_facts(
     module: nn.Module, call: AttentionCall, index: GroupIndex | KeyCodes | None, traced: bool
 ) -> CallFacts:
-    """The facts of one call that its plan depends on (`focus.attention.facts.CallFacts`)."""
+    """The facts of one call that its plan depends on (`focus.attention.dispatch.facts.CallFacts`)."""
     query, key = call.query, call.key
     q_len, k_len = query.shape[-2], key.shape[-2]
     current = left_padded = True

@@ -18,8 +18,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from focus.attention.decoding import FocusCache, masked_decode_attention, sparse_decode_attention
-from focus.attention.group_index import GroupIndex
+from focus.attention.cache.decoding import FocusCache, masked_decode_attention, sparse_decode_attention
+from focus.attention.cache.group_index import GroupIndex
 from focus.eval.speed import balanced_groups, interleaved_seconds
 
 
@@ -150,7 +150,7 @@ def generate_rows(
     reports its median."""
     from transformers import DynamicCache
 
-    from focus.attention.growing_cache import GrowingCache
+    from focus.attention.cache.growing_cache import GrowingCache
     from focus.retrofit import remove_focus
 
     device = next(model.parameters()).device

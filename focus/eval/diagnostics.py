@@ -27,7 +27,7 @@ from torch import nn
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from focus.attention.reference import (
+from focus.attention.pattern.reference import (
     dense_attention,
     hard_allowed,
     local_pairs,
@@ -35,8 +35,9 @@ from focus.attention.reference import (
     split_query_heads,
     unmodified_attention,
 )
-from focus.attention.routing import key_positions, route_call, routing_vectors, top_k_groups
-from focus.attention.selectors import selected_pairs
+from focus.attention.routers.centroids import top_k_groups
+from focus.attention.routers.routing import key_positions, route_call, routing_vectors
+from focus.attention.routers.selectors import selected_pairs
 from focus.models import input_device
 from focus.retrofit import attention_modules, has_focus, head_shape, set_focus_mode
 
@@ -262,7 +263,7 @@ def _pattern_and_logits(module: nn.Module, query, key, value, attention_mask, sc
     key_vectors = routing_vectors(module, key if config.route_on == "key" else value, positions)
     routed = route_call(module, query, key_vectors, base_mask, positions)
     sinks = routed.sinks
-    if config.selector != "centroids":  # a training-free peer's pattern (`focus.attention.selectors`)
+    if config.selector != "centroids":  # a training-free peer's pattern (`focus.attention.routers.selectors`)
         kept = selected_pairs(module, query, key, base_mask, position_ids)
     else:
         groups_q = top_k_groups(routed.query_log_assign, config.top_k)

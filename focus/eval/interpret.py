@@ -29,7 +29,7 @@ import pandas as pd
 import torch
 
 from focus.attention.function import TRACE_ATTRIBUTE
-from focus.attention.routing import inference_log_assign, sinkhorn, top_k_groups
+from focus.attention.routers.centroids import inference_log_assign, sinkhorn, top_k_groups
 from focus.eval.categories import CATEGORY_NAMES
 from focus.eval.config import InterpretConfig
 from focus.models import input_device

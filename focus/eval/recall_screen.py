@@ -10,7 +10,8 @@ budget, layer and key/value head it reports the distant mass kept (recall), the 
 ceiling) and the share of the distant pairs kept.
 
 The routers' scores of key j for query i (`ROUTERS`):
-- "indexer": the layer's per-key indexer (`focus.attention.indexer`; untrained, the keys' principal directions: Loki);
+- "indexer": the layer's per-key indexer (`focus.attention.routers.indexer`; untrained, the keys' principal directions:
+  Loki);
 - "centroids": Focus's groups ranked per query, the best of the key's top-k groups by the query's log-assignment: the
   groups kept best first until the budget (a per-query budget instead of a fixed top-k);
 - "quest": Quest's bound on the logits of the key's page of 16;
@@ -26,10 +27,11 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from focus.attention.indexer import indexer_scores
-from focus.attention.reference import local_pairs, model_allowed, unmodified_attention
-from focus.attention.routing import key_positions, route_call, routing_vectors, sink_keys, top_k_groups
-from focus.attention.selectors import QUEST_PAGE, page_extremes, quest_bound
+from focus.attention.pattern.reference import local_pairs, model_allowed, unmodified_attention
+from focus.attention.routers.centroids import top_k_groups
+from focus.attention.routers.indexer import indexer_scores
+from focus.attention.routers.routing import key_positions, route_call, routing_vectors, sink_keys
+from focus.attention.routers.selectors import QUEST_PAGE, page_extremes, quest_bound
 from focus.eval.diagnostics import _attending
 from focus.models import input_device
 from focus.retrofit import attention_modules, has_focus
@@ -179,7 +181,7 @@ def _scorer(module: nn.Module, router: str, query, key, value, base_mask, positi
 
 
 def _quest_scorer(query, key, valid):
-    """Quest's bound of each key's page, per query head (`focus.attention.selectors.quest_bound`)."""
+    """Quest's bound of each key's page, per query head (`focus.attention.routers.selectors.quest_bound`)."""
     k_len = key.shape[2]
     extremes = page_extremes(key, valid)  # once per call: the pages do not depend on the queries
     return lambda rows: quest_bound(query[:, :, rows], *extremes).repeat_interleave(QUEST_PAGE, dim=-1)[..., :k_len]

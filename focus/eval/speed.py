@@ -16,9 +16,9 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from focus.attention.decomposed import decomposed_hard_attention, pair_counts
-from focus.attention.facts import decomposition_backend
-from focus.attention.routing import sink_keys
+from focus.attention.dispatch.facts import decomposition_backend
+from focus.attention.kernels.decomposed import decomposed_hard_attention, pair_counts
+from focus.attention.routers.routing import sink_keys
 
 
 def parse_settings(values: list[str], fields: str = "groups:window:top_k") -> list[list[int]]:
@@ -87,6 +87,7 @@ def attention_rows(
     independently: `route_queries="query"`)."""
     device = torch.device(device)
     rows = []
+    backend = decomposition_backend(torch.device(device).type)
     for length in lengths:
         gen = torch.Generator().manual_seed(length)
         q, k, v = (torch.randn(1, heads, length, head_dim, generator=gen).to(device, dtype) for _ in range(3))
@@ -98,7 +99,8 @@ def attention_rows(
             query_groups = balanced_groups(length, num_groups, top_k, heads, seed=1).to(device) if routing == "query" else None
             sinks = sink_keys(None, length, sink_tokens, device) if sink_tokens else None
             focus_s, focus_mem = median_seconds(
-                lambda: decomposed_hard_attention(q, k, v, groups, window, None, sinks, query_groups=query_groups),
+                lambda: decomposed_hard_attention(q, k, v, groups, window, None, sinks, backend=backend,
+                                                  query_groups=query_groups),
                 repeats, device,
             )
             full_pairs, focus_pairs = pair_counts(length, window, groups[0, 0].cpu(), sink_tokens,
@@ -106,7 +108,7 @@ def attention_rows(
             row = {
                 "length": length, "heads": heads, "head_dim": head_dim, "dtype": str(dtype).removeprefix("torch."),
                 "groups": num_groups, "window": window, "top_k": top_k, "routing": routing,
-                "backend": decomposition_backend(torch.device(device).type),
+                "backend": backend,
                 "full_sdpa_s": full_s, "flash_attn_s": flash_s, "focus_s": focus_s,
                 "speedup": full_s / focus_s, "theoretical": full_pairs / focus_pairs,
                 "full_peak_gib": full_mem, "focus_peak_gib": focus_mem,

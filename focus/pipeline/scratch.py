@@ -13,8 +13,8 @@ loss); Focus gets two numbers, under these method names:
                 logits plus the running balance bias (training's whole-sequence Sinkhorn would look ahead)
     focus-hard  Focus hard top-k: distant pairs only between tokens sharing a group (the inference pattern)
 
-One difference from a jointly optimised router: `focus.attention.routing.route_keys` detaches the routing vectors, so the
-centroids learn through the gate while keys learn only through attention itself, as in the retrofit.
+One difference from a jointly optimised router: `focus.attention.routers.routing.route_keys` detaches the routing
+vectors, so the centroids learn through the gate while keys learn only through attention itself, as in the retrofit.
 
     train_from_scratch  one (method, seed) -> metrics.jsonl (validation loss every eval_every steps), summary.json
     summarize_scratch   every run -> table (CSV + Markdown), figure (validation curves), summary JSON for the claims

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from focus.attention.recall import collect_recall_loss
+from focus.attention.routers.recall import collect_recall_loss
 from focus.retrofit import focus_config, focus_disabled, has_focus
 
 LossTerm = Callable[..., torch.Tensor]
@@ -60,7 +60,7 @@ def focus_objective(model: nn.Module) -> Objective:
 
 def recall_term(model: nn.Module, batch: torch.Tensor, logits: torch.Tensor,
                 weights: torch.Tensor | None = None) -> torch.Tensor:
-    """The attention-recall loss of the forward pass that just ran (`focus.attention.recall`)."""
+    """The attention-recall loss of the forward pass that just ran (`focus.attention.routers.recall`)."""
     loss = collect_recall_loss(model)
     if loss is None:
         raise RuntimeError("no attention-recall loss was recorded: the model's Focus objective is not attention_recall")

@@ -11,8 +11,8 @@ the cores). docs/decoding.md has its measurements, and those of what was tried i
 
 A `FocusCache(model)` of a model on the CPU runs these kernels (`native=False` does not); where they cannot be built,
 `kernels_built` decides once per process what happens (an error when they were asked for, else one warning and the
-eager path). From `focus.attention.step_cost.NATIVE_STEP_BELOW` keys on, where the sparse step pays, the sparse step
-(through the group lists) runs instead; steps before every row has its sink tokens and any other device stay eager.
+eager path). From `focus.attention.dispatch.step_cost.NATIVE_STEP_BELOW` keys on, where the sparse step pays, the sparse
+step (through the group lists) runs instead; steps before every row has its sink tokens and any other device stay eager.
 Their routing is the eager routing's, their outputs the dense reference's within float32 rounding
 (`tests/test_native_step.py`, `tests/test_decomposed.py`).
 

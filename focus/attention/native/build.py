@@ -11,7 +11,7 @@ import platform
 import warnings
 from pathlib import Path
 
-from focus.attention.pattern import GROUP_BITS
+from focus.attention.pattern.rule import GROUP_BITS
 
 _log = logging.getLogger(__name__)
 

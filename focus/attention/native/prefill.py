@@ -1,7 +1,8 @@
 """The query-routed prefill as native calls (`csrc/rectangle.cpp`, `csrc/segments.cpp`, `csrc/merge.cpp`): what a
-`FocusCache(model)` prefill runs on the CPU instead of the eager parts of `focus.attention.decomposed`, with the same
-pairs, the same (output, log-sum-exp) and the same merge. `native_routed_prefill` is the whole of it, four calls; the
-plan (`focus.attention.planning`) sends it the calls it takes (group ids below `GROUP_BITS`, padding only on the left).
+`FocusCache(model)` prefill runs on the CPU instead of the eager parts of `focus.attention.kernels.decomposed`, with the
+same pairs, the same (output, log-sum-exp) and the same merge. `native_routed_prefill` is the whole of it, four calls;
+the plan (`focus.attention.dispatch.planning`) sends it the calls it takes (group ids below `GROUP_BITS`, padding only
+on the left).
 
 Each query row reads one contiguous run of keys in place: its segment's keys at least a window before it (the
 rectangles), or its key/value head's keys within the window (the band). The eager parts gather keys into padded
@@ -14,7 +15,7 @@ import torch
 
 from focus.attention.labels import label
 from focus.attention.native.build import MAX_DIM, kernels
-from focus.attention.pattern import GROUP_BITS
+from focus.attention.pattern.rule import GROUP_BITS
 
 
 def native_routed_prefill(query, key, value, groups_q, groups_k, window: int, valid, sinks, scaling: float,

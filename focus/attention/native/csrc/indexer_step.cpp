@@ -1,5 +1,5 @@
 // One layer's decoding step of the per-key indexer as one native call (kernel_runs.run_indexer_native_step calls it;
-// focus.attention.indexer.indexer_decode_attention is the eager step it replaces).
+// focus.attention.routers.indexer.indexer_decode_attention is the eager step it replaces).
 //
 // The eager step's scores, top-k and gathers cost more than the unmodified step's attention over every key at 8K
 // (benchmarks/results/indexer_step.md): `topk` sorts what only needs a threshold, and the kept keys are copied before

@@ -18,7 +18,7 @@
 namespace focus_native {
 
 // The values Python shares with this code, defined once there (focus/attention/native/build.py's DEFINES, handed to
-// the compiler): group ids below GROUP_BITS are bits of one int64 (focus.attention.pattern); heads of at most
+// the compiler): group ids below GROUP_BITS are bits of one int64 (focus.attention.pattern.rule); heads of at most
 // MAX_DIM dimensions take the prompt kernels; FocusConfig.route_queries as the step's code.
 constexpr int64_t GROUP_BITS = FOCUS_GROUP_BITS;
 constexpr int64_t MAX_DIM = FOCUS_MAX_DIM;
@@ -27,7 +27,7 @@ constexpr int64_t ROUTE_BY_QUERY = FOCUS_ROUTE_BY_QUERY;
 constexpr int64_t ROUTE_BY_KV_HEAD = FOCUS_ROUTE_BY_KV_HEAD;
 
 // rectangle_amx.cpp: the rectangles in bfloat16 on matrix units (AMX), where the caller asks for them (the plan's
-// row, focus.attention.kernel_table) and `rectangles_on_matrix_units` says the CPU has them for this query;
+// row, focus.attention.dispatch.kernel_table) and `rectangles_on_matrix_units` says the CPU has them for this query;
 // `rectangles` (rectangle.cpp) checks the arguments and sends them there.
 bool rectangles_on_matrix_units(const at::Tensor& query, bool asked);
 // Whether this CPU has bfloat16 matrix units (AMX) the rectangles can use.

@@ -1,5 +1,5 @@
 // The pattern of pattern.h over a grid of queries and keys, for tests/test_pattern.py: the rule the kernels apply,
-// evaluated by the same inline functions, against focus.attention.pattern.
+// evaluated by the same inline functions, against focus.attention.pattern.rule.
 
 #include "kernels.h"
 

@@ -1,4 +1,4 @@
-// Hard Focus's pattern for the native kernels, stated once (focus/attention/pattern.py states it for PyTorch;
+// Hard Focus's pattern for the native kernels, stated once (focus/attention/pattern/rule.py states it for PyTorch;
 // tests/test_pattern.py holds the two together through `pattern_pairs`, pattern.cpp):
 //   kept(i, j) = allowed(i, j) and (0 <= i - j < window  or  j is a sink  or  the groups of i and j meet)
 // A token's groups are the bits of one int64 (ids below GROUP_BITS, kernels.h); a sink holds every bit (SINK_BITS).

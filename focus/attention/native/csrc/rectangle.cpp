@@ -1,5 +1,5 @@
 // The query-routed hard Focus prefill's parts as native calls (focus.attention.native.native_routed_prefill and its
-// band, native/prefill.native_band_part): the rectangles (focus.attention.rectangle) and the band (band.band_part).
+// band, native/prefill.native_band_part): the rectangles (focus.attention.kernels.rectangle) and the band (band.band_part).
 //
 // Every query row reads one contiguous run of keys: in a rectangle, the keys of its segment at least a window before
 // it (keys and query rows packed in (segment, position) order); in the band, the keys of its key/value head within
@@ -209,7 +209,7 @@ void attend_tile(const Tile& tile, const scalar_t* q_data, const float* panels, 
 // (Nk,): the rows of query and key that are the i-th query row and key (none: the i-th row itself). key_first (N,):
 // each query row's first key; key_count (N,): how many keys from it the row sees (rows in an order where the first
 // keys of neighbours are equal or step by one: a segment's rows, or a band's). query_skip (N,) and key_bits (Nk,),
-// optional: a row skips the keys whose bits meet its own (focus.attention.rectangle, `once`). Returns the output
+// optional: a row skips the keys whose bits meet its own (focus.attention.kernels.rectangle, `once`). Returns the output
 // (N, R, D) and log-sum-exp (N, R) in float32; a row with no key gets lse -inf (and zeros).
 std::tuple<at::Tensor, at::Tensor> rectangles(const at::Tensor& query, const at::Tensor& key,
                                                     const at::Tensor& value, const at::Tensor& key_first,

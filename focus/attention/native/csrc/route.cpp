@@ -1,4 +1,4 @@
-// A prompt's routing as one native call (focus.attention.routing.route_prompt_natively): the top-k groups of every
+// A prompt's routing as one native call (focus.attention.routers.routing.route_prompt_natively): the top-k groups of every
 // token's vector in every head, by the router the decoding step uses too (router.h). Each vector is read once,
 // turned, normalised and scored in registers, where the eager form is some ten tensor ops over (B, H, L, D) float32
 // copies (undo the rotary embedding, normalise, a product with the centroids, log-softmax, a top-k that is slow for

@@ -1,5 +1,5 @@
 // Focus's routing in C++, written once for the decoding step (step.cpp) and the prompt (route.cpp): a token's top-k
-// groups in every routed head, as the eager routing finds them (focus.attention.routing: rotary undone, cosine to each
+// groups in every routed head, as the eager routing finds them (focus.attention.routers.routing: rotary undone, cosine to each
 // centroid over the temperature, the mean over the heads that share a routing, plus the balance bias, top-k;
 // log-softmax keeps the order, so it is left out).
 #pragma once

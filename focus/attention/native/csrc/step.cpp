@@ -1,4 +1,4 @@
-// One layer's hard Focus decoding step as one native call (focus.attention.kernel_runs.native_decoding_step calls it).
+// One layer's hard Focus decoding step as one native call (focus.attention.dispatch.kernel_runs.native_decoding_step calls it).
 //
 // The eager step is some 70 tensor ops of a few microseconds each on a CPU, for arithmetic that takes a few: it
 // routes the new key and the query heads (rotary undone, cosine against the centroids, top-k), writes the key's

@@ -4,7 +4,7 @@
              installed, else PyTorch's fused kernel) and the group index for a decoding step
     "flash"  as "auto", the decomposition through flash-attn
     "torch"  as "auto", the decomposition through PyTorch
-    "dense"  every call through the dense masked path, as the oracle (`focus.attention.reference`) computes it
+    "dense"  every call through the dense masked path, as the oracle (`focus.attention.pattern.reference`) computes it
 
 Where no fast path applies (gradients, soft-capping, a model window shorter than the keys), every setting takes
 the dense masked path.

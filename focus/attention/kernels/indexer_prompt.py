@@ -24,10 +24,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from focus.attention.call import AttentionCall
-from focus.attention.indexer import Thresholds, codes_scores, distant_need, key_codes, query_codes, top_scored
-from focus.attention.reference import local_pairs, model_allowed
-from focus.attention.routing import sink_keys
+from focus.attention.kernels.call import AttentionCall
+from focus.attention.pattern.reference import local_pairs, model_allowed
+from focus.attention.routers.indexer import Thresholds, codes_scores, distant_need, key_codes, query_codes, top_scored
+from focus.attention.routers.routing import sink_keys
 
 PROMPT_QUERIES = 256
 """Queries per block: the block's mask (K x 256 x L booleans) stays small, and SDPA's products stay large."""

@@ -1,7 +1,7 @@
 """Focus's hard pattern through PyTorch's FlexAttention (`torch.nn.attention.flex_attention`): the ecosystem's own
 block-sparse attention, on the CPU and the GPU, measured against the project's kernels (`benchmarks/flex_attention.py`).
 
-The pattern is `focus.attention.pattern.kept` as a `mask_mod`: a pair (i, j) is kept when it is causal, j is a real
+The pattern is `focus.attention.pattern.rule.kept` as a `mask_mod`: a pair (i, j) is kept when it is causal, j is a real
 token, and it is local (i - j < window), or j is a sink, or the query's and the key's groups meet (one AND of group
 bits). The `BlockMask` lets FlexAttention skip the blocks (128 x 128 positions) that hold
 no kept pair; every other block is computed in full and masked. Not a path of the plan: how it compares, and why, is
@@ -14,7 +14,7 @@ import functools
 
 import torch
 
-from focus.attention.pattern import GROUP_BITS, SINK_BITS, group_bits, groups_meet, kept
+from focus.attention.pattern.rule import GROUP_BITS, SINK_BITS, group_bits, groups_meet, kept
 
 
 def focus_block_mask(

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
 
-from focus.attention.fast_path import current_fast_path
+from focus.attention.dispatch.fast_path import current_fast_path
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class CallFacts:
     softcap, dropout: the model soft-caps its logits or drops attention weights; model_window: its own sliding
     window, or None. dense_rows: the first queries that attend as the unmodified model (`dense_below`).
     flash_attn: whether flash-attn imports (None: `flash_attn_installed` looks).
-    fast_path: the fast-path switch in force (`focus.attention.fast_path`; None: read it when planned).
+    fast_path: the fast-path switch in force (`focus.attention.dispatch.fast_path`; None: read it when planned).
     dtype: the query's ("float32", "bfloat16", ...). matrix_units: the CPU's bfloat16 matrix units (AMX) may compute
     it (None: whether this CPU has them and `use_matrix_units` allows them). native_kernels: the native kernels are
     built or load here (None: build them, once per machine, to know: `native.kernels_built`).
@@ -115,6 +115,12 @@ def flash_attn_installed() -> bool:
     except ImportError:
         return False
     return True
+
+
+def available_backends(device: str = "cpu") -> list[str]:
+    """The decomposition's backends that can run every call on `device` here ("native" takes only query-routed calls
+    on the CPU)."""
+    return ["flash", "torch"] if device.startswith("cuda") and flash_attn_installed() else ["torch"]
 
 
 def decomposition_backend(device: str, flash_attn: bool | None = None) -> str:

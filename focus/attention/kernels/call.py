@@ -8,10 +8,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from focus.attention.group_index import GroupIndex
-from focus.attention.key_codes import KeyCodes
-from focus.attention.reference import unmodified_attention
-from focus.attention.routing import Routed
+from focus.attention.cache.group_index import GroupIndex
+from focus.attention.cache.key_codes import KeyCodes
+from focus.attention.pattern.reference import unmodified_attention
+from focus.attention.routers.routing import Routed
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from focus.attention.pattern import kept, within_window
-from focus.attention.routing import group_membership
+from focus.attention.pattern.rule import group_membership, kept, within_window
 
 
 def query_positions(q_len: int, k_len: int, device: torch.device | None = None) -> torch.Tensor:
@@ -37,7 +36,7 @@ def causal_pairs(q_len: int, k_len: int, device: torch.device | None = None) -> 
 
 
 def local_pairs(q_len: int, k_len: int, window: int, device: torch.device | None = None) -> torch.Tensor:
-    """(Q, L) bool: 0 <= pos(i) - pos(j) < window (`pattern.within_window`)."""
+    """(Q, L) bool: 0 <= pos(i) - pos(j) < window (`rule.within_window`)."""
     return within_window(query_positions(q_len, k_len, device)[:, None], torch.arange(k_len, device=device)[None, :],
                          window)
 
@@ -152,7 +151,7 @@ def hard_allowed(
     dense: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Hard Focus: (B, K or H, Q, L) bool pairs kept = model-allowed and (local, sharing a group or a sink key, or in
-    a dense head): `pattern.kept`, groups compared by membership (any number of groups).
+    a dense head): `rule.kept`, groups compared by membership (any number of groups).
 
     Args:
         groups_q: (B, K or H, Q, top_k) group ids of the queries; groups_k: (B, K, L, top_k) of the keys.

@@ -7,7 +7,7 @@ resolution; a sink belongs to every group. Each rule is a small pure function of
 reference builds its mask from them (`reference.hard_allowed`), FlexAttention's `mask_mod` calls them on indices
 (`flex`), and the band, the rectangles and the decoding steps on their slices. A token's groups are the bits of one
 int64 (bit g for group g), so whether a query and a key share a group is one AND. The native kernels state the same
-rules in `native/csrc/pattern.h`; `tests/test_pattern.py` holds the two together.
+rules in `focus/attention/native/csrc/pattern.h`; `tests/test_pattern.py` holds the two together.
 """
 
 from __future__ import annotations
@@ -27,6 +27,12 @@ def group_bits(groups: torch.Tensor, keepdim: bool = False) -> torch.Tensor:
     """(...) int64: the bits of each token's groups (..., top_k), ids in [0, GROUP_BITS) and distinct per token, so
     that their sum is their OR."""
     return (1 << groups.long()).sum(dim=-1, keepdim=keepdim)
+
+
+def group_membership(groups: torch.Tensor, num_groups: int) -> torch.Tensor:
+    """(..., L, k) group ids -> (..., L, G) bool: which groups each token belongs to."""
+    member = torch.zeros(*groups.shape[:-1], num_groups, dtype=torch.bool, device=groups.device)
+    return member.scatter_(-1, groups, True)
 
 
 def groups_meet(query_bits: torch.Tensor, key_bits: torch.Tensor) -> torch.Tensor:

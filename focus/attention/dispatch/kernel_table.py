@@ -1,6 +1,7 @@
 """The kernels of hard Focus as rows of one ordered table, each the fastest for the calls the rows above it decline:
-each says why it declines a call, the plan (`focus.attention.planning`) takes the first that does not and keeps every
-refusal (`Plan.declined`); the row then runs the call (`run(state, call)`, `focus.attention.kernel_runs`).
+each says why it declines a call, the plan (`focus.attention.dispatch.planning`) takes the first that does not and keeps
+every refusal (`Plan.declined`); the row then runs the call (`run(state, call)`,
+`focus.attention.dispatch.kernel_runs`).
 
 As PyTorch's `sdp_utils` and xformers' dispatch do it: a kernel's conditions live in its row, not in the planner, so a
 new kernel (a router's own prefill or step) is a new row and nothing else changes; `explain` and
@@ -15,12 +16,12 @@ from typing import Callable
 
 import torch
 
-import focus.attention.kernel_runs as runs
-from focus.attention.call import AttentionCall, CallState
-from focus.attention.facts import CallFacts
+import focus.attention.dispatch.kernel_runs as runs
+from focus.attention.dispatch.facts import CallFacts
+from focus.attention.dispatch.step_cost import NATIVE_STEP_BELOW, sparse_step_pays
+from focus.attention.kernels.call import AttentionCall, CallState
 from focus.attention.native import MAX_DIM as NATIVE_MAX_DIM
-from focus.attention.pattern import GROUP_BITS
-from focus.attention.step_cost import NATIVE_STEP_BELOW, sparse_step_pays
+from focus.attention.pattern.rule import GROUP_BITS
 from focus.config import FocusConfig
 
 
@@ -28,7 +29,7 @@ from focus.config import FocusConfig
 class Kernel:
     """One row: `name` (what `Plan.kernel` says), `text` (what it computes), `declines(config, facts)` (why not this
     call; None: it takes it), `takes` (what it is chosen for), `run(state, call)` (the call computed,
-    `focus.attention.kernel_runs`), `steps_only` (it computes only a decoding step: it is not asked about other
+    `focus.attention.dispatch.kernel_runs`), `steps_only` (it computes only a decoding step: it is not asked about other
     calls), `selector` (it computes only this router's selection: it is not asked about another's) and `dtype` (it
     computes only calls of this dtype)."""
 
@@ -148,7 +149,8 @@ def _masked_step(config: FocusConfig, facts: CallFacts) -> str | None:
     if config.num_groups > GROUP_BITS:
         return f"{config.num_groups} groups > {GROUP_BITS}: no group bits"
     if _pays(config, facts):
-        return f"{facts.keys} keys: the sparse step pays"
+        return (f"{facts.keys} keys: the sparse step pays, by the step cost model fitted on a 2-core CPU "
+                "(docs/decoding.md)")
     return None
 
 
@@ -240,11 +242,11 @@ KERNEL_TABLE: tuple[Kernel, ...] = (
     Kernel("decomposed_flash", "the decomposition, every group segment in one flash-attn varlen call (CUDA)",
            _decomposed_flash, "a whole sequence through flash-attn (on CUDA where it is installed, or pinned)",
            runs.run_decomposed_flash),
-    Kernel("decomposed_torch", "the decomposition (focus.attention.decomposed): a band and group segments, PyTorch "
-           "kernels", _decomposed_torch, "a whole sequence", runs.run_decomposed_torch),
+    Kernel("decomposed_torch", "the decomposition (focus.attention.kernels.decomposed): a band and group segments, "
+           "PyTorch kernels", _decomposed_torch, "a whole sequence", runs.run_decomposed_torch),
     Kernel("dense_masked", "PyTorch SDPA under the Focus mask over every pair (the oracle, "
-           "`focus.attention.reference`)", lambda config, facts: None, "the reference, which computes every call",
-           runs.run_dense_masked),
+           "`focus.attention.pattern.reference`)", lambda config, facts: None,
+           "the reference, which computes every call", runs.run_dense_masked),
 )
 """Every kernel of hard Focus, in the order the plan asks them."""
 

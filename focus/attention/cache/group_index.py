@@ -1,13 +1,12 @@
 """A layer's group index: each cached key's groups, and per (batch row, key/value head, group) the positions of its
-keys, kept beside the KV cache by `focus.attention.decoding.FocusCache` so that a decoding step reads its window,
+keys, kept beside the KV cache by `focus.attention.cache.decoding.FocusCache` so that a decoding step reads its window,
 its sinks and the keys of its own groups, not the whole cache."""
 
 from __future__ import annotations
 
 import torch
 
-from focus.attention.pattern import GROUP_BITS, SINK_BITS, group_bits
-from focus.attention.routing import group_membership
+from focus.attention.pattern.rule import GROUP_BITS, SINK_BITS, group_bits, group_membership
 
 PAGE = 64
 """Positions per page of a group's member list. Each list grows a page at a time from a pool that every list of

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from focus.attention.reference import group_overlap, local_pairs, model_allowed
+from focus.attention.pattern.reference import group_overlap, local_pairs, model_allowed
 
 LOSSES_ATTRIBUTE = "focus_recall_losses"
 """A list on each Focus attention module that collects the layer's recall loss of every training call."""

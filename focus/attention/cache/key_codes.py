@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import torch
 
-from focus.attention.group_index import with_room
-from focus.attention.indexer import CODE_DTYPE
+from focus.attention.cache.group_index import with_room
+from focus.attention.routers.indexer import CODE_DTYPE
 
 
 class KeyCodes:
     """One indexer layer's cached key codes: `codes[:, :, :length]` (B, K, length, r) in `indexer.CODE_DTYPE`,
-    `k W_k[kv]` of each cached key as the layer attends with it (`focus.attention.indexer.key_codes`). Grows by an
-    eighth when full.
+    `k W_k[kv]` of each cached key as the layer attends with it (`focus.attention.routers.indexer.key_codes`). Grows by
+    an eighth when full.
 
     Answers what the plan asks of a cache's index (`length`, `native`, `sinks_found`): the indexer needs no sinks
     seen before it steps; `native`: its steps may run the native kernel (the cache's choice, `FocusCache(native=)`).

@@ -1,7 +1,7 @@
 """Which decoding step a cache length calls for: the masked step (every key read in place under the hard mask), the
 sparse step (the keys of the query's groups, read through the group lists) or the native step (one C++ call).
 
-The three give the same output (`focus.attention.decoding`, `focus.attention.native`); what differs is their
+The three give the same output (`focus.attention.cache.decoding`, `focus.attention.native`); what differs is their
 cost, modelled here from one-layer measurements on 2 CPU cores (`benchmarks/results/decode_step_*.md`; the numbers
 behind each constant are in docs/decoding.md, "Where the step constants come from").
 """

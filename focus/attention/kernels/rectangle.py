@@ -13,8 +13,8 @@ from typing import NamedTuple
 
 import torch
 
-from focus.attention.pattern import GROUP_BITS, group_bits
-from focus.attention.segments import Entries, masked_with_lse, similar_lengths, subset_codes, subset_sign
+from focus.attention.kernels.segments import Entries, masked_with_lse, similar_lengths, subset_codes, subset_sign
+from focus.attention.pattern.rule import GROUP_BITS, group_bits
 
 
 class KeyRows(NamedTuple):

@@ -18,8 +18,8 @@ masked reference. Forward only: hard mode is for inference (training uses the so
 **Query-side routing** (`query_groups`: each query head has groups of its own, a key its key's groups): a pair is kept
 when the query's groups meet the key's. Every query head then runs as a key/value head of its own (keys repeated),
 and a segment of subset T has two sides: the queries holding T and the keys holding T. On the "torch" backend the
-queries attend to the keys (a rectangle, `focus.attention.rectangle`): in chunks of queries, each against the keys
-before it (unmasked) and a thin band up to its last query (masked). The union form (below) would run the
+queries attend to the keys (a rectangle, `focus.attention.kernels.rectangle`): in chunks of queries, each against the
+keys before it (unmasked) and a thin band up to its last query (masked). The union form (below) would run the
 position-sorted union of both as one causal call: about four times the pairs when a segment's queries and keys are as
 many and distinct. There the two parts split by distance instead of by group: the **band** (`band.band_part`) takes every
 pair within the window, whatever its groups, so one band mask serves all heads and the query heads of a key/value head
@@ -34,7 +34,7 @@ Backends: "flash" (flash-attn `flash_attn_varlen_func`, all segments in one call
 `_scaled_dot_product_flash_attention_for_cpu`-style call per segment: PyTorch's fused causal kernel that also returns
 the log-sum-exp) and "native" (query-routed, CPU: the band, the segments, the rectangles and the merge as four native
 calls, `focus.attention.native.native_routed_prefill`). A model's calls take the backend of their plan
-(`focus.attention.planning`); a direct call without one takes `decomposition_backend`'s.
+(`focus.attention.dispatch.planning`); a direct call without one runs "torch", which every device has.
 """
 
 from __future__ import annotations
@@ -43,19 +43,14 @@ import math
 
 import torch
 
-from focus.attention.band import band_part, local_part
-from focus.attention.facts import decomposition_backend, flash_attn_installed
+from focus.attention.kernels.band import band_part, local_part
+from focus.attention.kernels.rectangle import rectangle_entries, rectangle_part
+from focus.attention.kernels.segments import Entries, similar_lengths, subset_codes, subset_sign
 from focus.attention.labels import label
 from focus.attention.native import native_routed_prefill
-from focus.attention.rectangle import rectangle_entries, rectangle_part
-from focus.attention.segments import Entries, similar_lengths, subset_codes, subset_sign
 
 BACKENDS = ("flash", "torch", "native")
 
-
-def available_backends(device: torch.device | str = "cpu") -> list[str]:
-    """The backends that can run every call on `device` here ("native" takes only query-routed calls on the CPU)."""
-    return ["flash", "torch"] if torch.device(device).type == "cuda" and flash_attn_installed() else ["torch"]
 
 
 def decomposed_hard_attention(
@@ -67,7 +62,7 @@ def decomposed_hard_attention(
     valid: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
     scaling: float | None = None,
-    backend: str | None = None,
+    backend: str = "torch",
     block: int = 64,
     query_groups: torch.Tensor | None = None,
     chunk: int = 64,
@@ -82,8 +77,8 @@ def decomposed_hard_attention(
         valid: (B, L) bool, False for padding; None when nothing is padded.
         sinks: (B or 1, L) bool sink keys (every group holds them); None for none.
         scaling: softmax scale (default D ** -0.5).
-        backend: "flash", "torch" or "native" (with `query_groups`: see the module docstring); default
-            `focus.attention.facts.decomposition_backend`'s.
+        backend: "flash", "torch" or "native" (with `query_groups`: see the module docstring); a model's
+            plan chooses it (`focus.attention.dispatch.facts.decomposition_backend`).
         block: query block length of the local part.
         query_groups: (B, H, L, k) long, each query head's own groups (`route_queries="query"`), or (B, K, L, k),
             the groups that the query heads of each key/value head share (`"kv_head"`); None: a query takes its
@@ -97,7 +92,6 @@ def decomposed_hard_attention(
     """
     b, h, length, d = query.shape
     scaling = d**-0.5 if scaling is None else scaling
-    backend = backend or decomposition_backend(query.device.type)
     if valid is None:
         valid = torch.ones(b, length, dtype=torch.bool, device=query.device)
     sinks = torch.zeros_like(valid) if sinks is None else sinks.expand(b, length) & valid

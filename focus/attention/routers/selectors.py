@@ -13,7 +13,7 @@ one unit more. Per query, so every query pays the same share whatever the select
   k-means leaves them or as trained), ranked per query by its routing logit to them, as ClusterKV selects.
 
 A selector's keys differ per query and fit no group index, so the dense masked kernel computes them
-(`focus.attention.planning`); they are for measuring quality at a budget, not speed.
+(`focus.attention.dispatch.planning`); they are for measuring quality at a budget, not speed.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from focus.attention.indexer import distant_need, indexer_scores, top_scored
-from focus.attention.reference import local_pairs, model_allowed, per_head
-from focus.attention.routing import dense_heads, key_positions, route_call, routing_vectors, sink_keys
+from focus.attention.pattern.reference import local_pairs, model_allowed, per_head
+from focus.attention.routers.indexer import distant_need, indexer_scores, top_scored
+from focus.attention.routers.routing import dense_heads, key_positions, route_call, routing_vectors, sink_keys
 
 SELECTORS = {
     "streaming": "the most recent distant keys, as many as the budget (budget 0: StreamingLLM, window + sinks)",
@@ -41,7 +41,7 @@ def selected_pairs(
     position_ids: torch.Tensor | None,
 ) -> torch.Tensor:
     """(B, H, Q, L) bool the pairs a Focus layer's selector keeps (`FocusConfig.selector`: a training-free one, or the
-    per-key indexer of `focus.attention.indexer`) for query (B, H, Q, D) and
+    per-key indexer of `focus.attention.routers.indexer`) for query (B, H, Q, D) and
     key (B, K, L, D), the queries the last Q keys; `base_mask` (B, 1, Q, L) the pairs the model allows, or None."""
     config = module.focus_config
     b, heads, q_len, _ = query.shape

@@ -8,19 +8,20 @@ no kernel decides again or falls back. The same function answers a user's questi
     >>> print(explain(model, keys=4096, queries=1, cache="native"))  # one decoding step after it, in a FocusCache
 
 What it reads: `FocusConfig` (mode, objective, window, routing, `dense_below`) and the call's facts
-(`focus.attention.facts.CallFacts`: shapes, device, the cache, the fast-path switch, what is installed). It decides
-what the call computes (unmodified, soft, hard, a training objective) and which router routes it; the kernel of hard
-Focus is the first row of `focus.attention.kernel_table` that does not decline the call, each refusal kept.
-docs/attention_plan.md has the table of which path runs when, written from this function (`python -m focus.attention`).
+(`focus.attention.dispatch.facts.CallFacts`: shapes, device, the cache, the fast-path switch, what is installed). It
+decides what the call computes (unmodified, soft, hard, a training objective) and which router routes it; the kernel of
+hard Focus is the first row of `focus.attention.dispatch.kernel_table` that does not decline the call, each refusal
+kept. docs/attention_plan.md has the table of which path runs when, written from this function
+(`python -m focus.attention`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from focus.attention.facts import CallFacts, decomposition_backend, flash_attn_installed
-from focus.attention.kernel_table import KERNEL_TABLE, choose_kernel
-from focus.attention.selectors import SELECTORS
+from focus.attention.dispatch.facts import CallFacts, decomposition_backend, flash_attn_installed
+from focus.attention.dispatch.kernel_table import KERNEL_TABLE, choose_kernel
+from focus.attention.routers.selectors import SELECTORS
 from focus.config import FocusConfig
 
 __all__ = ["KERNELS", "ROUTERS", "CallFacts", "Plan", "decomposition_backend", "explain", "flash_attn_installed",
@@ -34,10 +35,11 @@ KERNELS = {
 
 ROUTERS = {
     "none": "no routing: nothing uses groups",
-    "eager": "PyTorch ops (focus.attention.routing)",
+    "eager": "PyTorch ops (focus.attention.routers.routing)",
     "native": "native CPU calls (focus.attention.native): the same groups within float32 rounding",
-    "indexer": "a per-key indexer (focus.attention.indexer): the budget's distant keys by a low-rank logit estimate",
-    **{name: f"training-free (focus.attention.selectors): {text}" for name, text in SELECTORS.items()},
+    "indexer": "a per-key indexer (focus.attention.routers.indexer): the budget's distant keys by a low-rank logit "
+               "estimate",
+    **{name: f"training-free (focus.attention.routers.selectors): {text}" for name, text in SELECTORS.items()},
 }
 
 
@@ -112,7 +114,7 @@ def declined_text(declined: tuple[tuple[str, str], ...]) -> str:
 
 
 def _selector_plan(config: FocusConfig, facts: CallFacts, all_dense: bool) -> Plan:
-    """The plan of a hard call whose distant keys a selector picks per query (`focus.attention.selectors`)."""
+    """The plan of a hard call whose distant keys a selector picks per query (`focus.attention.routers.selectors`)."""
     if all_dense:
         return Plan("unmodified", "none", "unmodified", f"every query is below dense_below={config.dense_below}",
                     facts.dense_rows)
@@ -205,14 +207,14 @@ SCENARIOS = [  # (what the user does, FocusConfig changes from hard top-2 query 
 
 PLAN_TABLE_HEAD = """# Which attention path runs when
 
-Written by `python -m focus.attention > docs/attention_plan.md` from `focus.attention.planning.plan`, the one function
-that decides (`tests/test_planning.py` checks that this file is its output). A layer set as
+Written by `python -m focus.attention > docs/attention_plan.md` from `focus.attention.dispatch.planning.plan`, the one
+function that decides (`tests/test_planning.py` checks that this file is its output). A layer set as
 `FocusConfig(mode="hard", top_k=2, window=256, route_queries="query")` on SmolLM2's shapes (9 query heads, 3 key/value
 heads of 64), on the CPU, except where a row says otherwise. Ask for any other call with
 `focus.attention.explain(model, keys=..., queries=..., cache=...)`. The kernels of hard Focus are the rows of
-`focus.attention.kernel_table.KERNEL_TABLE`, asked in the order listed at the end: the first that does not decline
-computes the call, and "declined" says why each one before it did (rows that compute only a decoding step, or only
-one selector's, are not asked about other calls).
+`focus.attention.dispatch.kernel_table.KERNEL_TABLE`, asked in the order listed at the end: the first that does not
+decline computes the call, and "declined" says why each one before it did (rows that compute only a decoding step, or
+only one selector's, are not asked about other calls).
 """
 
 

@@ -1,5 +1,6 @@
-"""The decomposition's local part (`focus.attention.decomposed`): the pairs within the window, a band of width `window`
-computed blockwise under an explicit mask. Thin, so its mask is cheap, while the big group part stays mask-free.
+"""The decomposition's local part (`focus.attention.kernels.decomposed`): the pairs within the window, a band of width
+`window` computed blockwise under an explicit mask. Thin, so its mask is cheap, while the big group part stays
+mask-free.
 
 `local_part` takes the pairs within the window that share no group (the group part takes those that do); `band_part`
 takes every pair within the window, for the query-routed (rectangle) form, whose rectangles take only pairs at least
@@ -11,8 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from focus.attention.pattern import GROUP_BITS, group_bits, groups_meet, within_window
-from focus.attention.segments import masked_with_lse
+from focus.attention.kernels.segments import masked_with_lse
+from focus.attention.pattern.rule import GROUP_BITS, group_bits, groups_meet, within_window
 
 
 def local_part(q, key, value, groups_q, groups, window, valid, sinks, scaling, block, blocks_per_call: int = 32):

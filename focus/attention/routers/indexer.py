@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from focus.attention.reference import local_pairs, model_allowed
-from focus.attention.routing import sink_keys
+from focus.attention.pattern.reference import local_pairs, model_allowed
+from focus.attention.routers.routing import sink_keys
 from focus.config import FocusConfig
 
 QUERY_WEIGHTS = "focus_indexer_query"
@@ -72,7 +72,7 @@ def codes_scores(query_code: torch.Tensor, key_code: torch.Tensor, head_dim: int
 
 def key_codes(module: nn.Module, key: torch.Tensor) -> torch.Tensor:
     """(B, K, L, r) `CODE_DTYPE` the index codes `k W_k[kv]` of keys (B, K, L, D), computed in float32: what a
-    `FocusCache` keeps per key (`focus.attention.key_codes.KeyCodes`) and a selection scores keys by."""
+    `FocusCache` keeps per key (`focus.attention.cache.key_codes.KeyCodes`) and a selection scores keys by."""
     with torch.no_grad():
         return torch.einsum("bkld,kdr->bklr", key.float(), getattr(module, KEY_WEIGHTS)).to(CODE_DTYPE)
 

@@ -12,8 +12,8 @@ with the index's groups: one assignment per token for the whole generation.
     cache = FocusCache(model)
     model.generate(**inputs, past_key_values=cache, max_new_tokens=200)
 
-The pattern is the dense reference's (`focus.attention.reference.hard_allowed`): a step keeps key j when it is local
-(i - j < window), a sink, or in one of the query's groups; the tests hold the two equal.
+The pattern is the dense reference's (`focus.attention.pattern.reference.hard_allowed`): a step keeps key j when it is
+local (i - j < window), a sink, or in one of the query's groups; the tests hold the two equal.
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from focus.attention.group_index import GroupIndex, ScratchRows
-from focus.attention.growing_cache import GrowingCache
-from focus.attention.key_codes import KeyCodes
+from focus.attention.cache.group_index import GroupIndex, ScratchRows
+from focus.attention.cache.growing_cache import GrowingCache
+from focus.attention.cache.key_codes import KeyCodes
 from focus.attention.labels import label
 from focus.attention.native import kernels_built
-from focus.attention.pattern import group_bits, groups_meet
+from focus.attention.pattern.rule import group_bits, groups_meet
 
 CACHE_INDEX_ATTRIBUTE = "focus_cache_index"
 """A `GroupIndex` set under this name on a Focus attention module by `FocusCache.update`, taken by the next call."""

@@ -1,23 +1,24 @@
 """The kernels of hard Focus as the plan's rows run them: each `run_*(state, call)` computes one call from its
 tensors (`AttentionCall`) and what the router made of them (`CallState`), nothing read from the module but the layer's
-weights. `focus.attention.kernel_table` pairs each with the row that says when it runs; every one computes the dense
-masked reference's output over the pairs the router keeps."""
+weights. `focus.attention.dispatch.kernel_table` pairs each with the row that says when it runs; every one computes the
+dense masked reference's output over the pairs the router keeps."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from focus.attention.call import AttentionCall, CallState
-from focus.attention.decoding import masked_decode_attention, sparse_decode_attention
-from focus.attention.decomposed import decomposed_hard_attention
-from focus.attention.group_index import GroupIndex
-from focus.attention.indexer import QUERY_WEIGHTS, indexer_decode_attention, topk_thresholds
-from focus.attention.indexer_prompt import indexer_prompt_attention
+from focus.attention.cache.decoding import masked_decode_attention, sparse_decode_attention
+from focus.attention.cache.group_index import GroupIndex
+from focus.attention.kernels.call import AttentionCall, CallState
+from focus.attention.kernels.decomposed import decomposed_hard_attention
+from focus.attention.kernels.indexer_prompt import indexer_prompt_attention
 from focus.attention.labels import label
 from focus.attention.native import ROUTE_QUERIES, kernels
-from focus.attention.reference import dense_attention, hard_allowed, sdpa_grouped, unmodified_attention
-from focus.attention.routing import Routed, dense_heads, native_step_router, top_k_groups
+from focus.attention.pattern.reference import dense_attention, hard_allowed, sdpa_grouped, unmodified_attention
+from focus.attention.routers.centroids import top_k_groups
+from focus.attention.routers.indexer import QUERY_WEIGHTS, indexer_decode_attention, topk_thresholds
+from focus.attention.routers.routing import Routed, dense_heads, native_step_router
 from focus.config import FocusConfig
 
 
@@ -28,8 +29,8 @@ def run_indexer_step(state: CallState, call: AttentionCall) -> torch.Tensor:
 
 
 def run_indexer_native_step(state: CallState, call: AttentionCall) -> torch.Tensor:
-    """The indexer's step as one native call (`native/csrc/indexer_step.cpp`): scores from the cached codes, the top
-    keys by a histogram and a partial sort, the kept keys attended in place."""
+    """The indexer's step as one native call (`focus/attention/native/csrc/indexer_step.cpp`): scores from the cached
+    codes, the top keys by a histogram and a partial sort, the kept keys attended in place."""
     config = state.config
     with label("focus/indexer_native_step"):
         return kernels().indexer_step(
@@ -45,7 +46,8 @@ def run_indexer_prompt(state: CallState, call: AttentionCall) -> torch.Tensor:
 
 
 def run_indexer_native_prompt(state: CallState, call: AttentionCall) -> torch.Tensor:
-    """The indexer's prompt, each row's threshold by the native histogram (`native/csrc/indexer_step.cpp`)."""
+    """The indexer's prompt, each row's threshold by the native histogram
+    (`focus/attention/native/csrc/indexer_step.cpp`)."""
     with label("focus/indexer_native_prompt"):
         return indexer_prompt_attention(state.module, call, kernels().indexer_thresholds)
 
