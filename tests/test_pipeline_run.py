@@ -12,6 +12,7 @@ import pytest
 from helpers import wandb_file
 from helpers.pipeline import job_counts, snakemake
 
+from focus.pipeline.stamp import STAMP
 from focus.report.claims import BEYOND_THE_PAPER, CLAIMS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -197,3 +198,17 @@ def test_forcerun_rebuilds_only_the_rule_and_its_dependants(mini_run):
                        "figures/perplexity.svg", "notebooks/results.ipynb", "logs/figures.log", "logs/notebook.log",
                        "logs/wandb_report.log", "figures/loss_curves.provenance.json",
                        "figures/perplexity.provenance.json"}  # (the figures' provenance: made again with them)
+
+
+@pytest.mark.slow
+def test_the_snapshot_copies_every_table_and_figure_with_its_provenance(mini_run):
+    """`snakemake snapshot`: the run's tables and figures, byte for byte, each with its provenance, in the folder
+    README and docs cite (benchmarks/results/<profile>/ under the working directory)."""
+    workdir, results = mini_run
+    snakemake(workdir, "--configfile", str(workdir / "config.yaml"), "snapshot")
+    folder = workdir / "benchmarks" / "results" / "mini"
+    files = sorted(path for path in folder.rglob("*") if path.is_file())
+    tables = [path for path in files if path.suffix == ".md"]
+    assert len(tables) > 10 and all(path.read_text().startswith(STAMP) for path in tables)
+    assert all(path.with_suffix(".provenance.json").is_file() for path in files if path.suffix in (".csv", ".png"))
+    assert all(path.read_bytes() == (results / path.relative_to(folder)).read_bytes() for path in files)

@@ -37,10 +37,10 @@ def cited_names() -> set[str]:
     names = set()
     for page in PAGES:
         text = page.read_text()
-        for stem, braces in re.findall(r"benchmarks/results/([\w\-]+)\.\{([\w,]+)\}", text):
+        for stem, braces in re.findall(r"benchmarks/results/([\w\-/]+)\.\{([\w,]+)\}", text):
             names |= {f"{stem}.{ext}" for ext in braces.split(",")}
         names |= {name for name in re.findall(r"[\w\-]+\.(?:md|csv|png|svg)\b", text) if (RESULTS / name).exists()}
-        names |= set(re.findall(r"benchmarks/results/([\w\-]+\.(?:md|csv|png|svg|json))\b", text))
+        names |= set(re.findall(r"benchmarks/results/([\w\-/]+\.(?:md|csv|png|svg|json))\b", text))
     return names
 
 
@@ -54,3 +54,14 @@ def test_every_cited_table_says_where_it_came_from():
     unstamped = {name for name in tables if not (RESULTS / name).read_text().startswith(STAMP)}
     assert not sorted(unstamped - LEGACY), "cited tables without a provenance line (provenance_line)"
     assert not sorted(LEGACY - unstamped), "LEGACY tables now stamped or no longer cited: take them off the list"
+
+
+def test_every_snapshot_is_whole():
+    """A profile's snapshot (`snakemake snapshot`, benchmarks/results/<profile>/) holds rule outputs only: each
+    Markdown table starts with its provenance line, each table and figure has its provenance sidecar."""
+    folders = [path for path in RESULTS.iterdir() if path.is_dir()]
+    files = [path for folder in folders for path in folder.rglob("*") if path.is_file()]
+    unstamped = [str(path) for path in files if path.suffix == ".md" and not path.read_text().startswith(STAMP)]
+    alone = [str(path) for path in files if path.suffix in (".csv", ".png", ".html")
+             and not path.with_suffix(".provenance.json").is_file()]
+    assert not unstamped and not alone, (unstamped, alone)

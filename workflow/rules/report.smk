@@ -140,3 +140,24 @@ rule notebook:
         results=notebook_results,
     script:
         "../scripts/notebook.py"
+
+
+rule snapshot:
+    """The profile's tables and figures, each with its provenance, copied into benchmarks/results/<profile>/ (run from
+    the repository's root), where README and docs cite them: `snakemake snapshot --configfile <profile>`. Not part of
+    `all`: a snapshot is what a commit records."""
+    conda:
+        ENVIRONMENT
+    input:
+        *TABLES.values(),
+        *FIGURES.values(),
+        *PAGES.values(),
+    output:
+        f"{R}/snapshot.json",
+    log:
+        f"{R}/logs/snapshot.log",
+    params:
+        results=R,
+        folder=f"benchmarks/results/{P['name']}",
+    script:
+        "../scripts/snapshot.py"
