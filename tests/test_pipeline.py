@@ -83,7 +83,8 @@ def test_tiny_profile_on_the_slurm_executor_asks_for_no_gpu(tmp_path):
 
 def test_the_screen_profiles_dry_run_their_designs(tmp_path):
     """The no-worse screen: its 16 designs trained on one GPU each and studied; the router screen: two trainings of
-    the indexer (512- and 2K-token rows) and its recall screen with perplexity."""
+    the indexer (512- and 2K-token rows) and its recall screen with perplexity; the oracle floor: one design trained,
+    scored, and screened beside the oracle."""
     result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "no_worse.yaml"), "-n")
     counts = job_counts(result.stdout)
     assert counts["train_focus"] == 16 and counts["study"] == 1 and counts["needle"] == 1 + 2 * 16
@@ -91,6 +92,8 @@ def test_the_screen_profiles_dry_run_their_designs(tmp_path):
     assert all(re.search(r"\bgpu=1\b", block) for block in trainings)
     counts = job_counts(snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "routers.yaml"), "-n").stdout)
     assert counts["train_focus"] == 2 and counts["recall_screen"] == 1 and counts["claims"] == 1
+    counts = job_counts(snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "oracle_floor.yaml"), "-n").stdout)
+    assert counts["train_focus"] == 1 and counts["recall_screen"] == 1 and counts["perplexity"] == 3 * 3
 
 
 def test_a_variant_with_its_own_training_corpus_plans_its_job_on_it(tmp_path):
