@@ -306,3 +306,22 @@ def test_focus_cache_takes_the_native_kernels_by_default_and_falls_back_with_one
         assert not FocusCache(model, native=False).native  # never asks for a build
     with pytest.warns(FutureWarning, match="compile_step=...\\) is deprecated"):
         assert not FocusCache(model, compile_step=False).native
+
+
+def test_a_lock_a_killed_build_left_is_removed_and_a_live_one_kept(tmp_path, monkeypatch):
+    """torch's builder waits forever on its build folder's `lock`: a build killed midway would hang every later
+    process at its first native call. An old lock goes (with a warning); a fresh one is a live build's and stays."""
+    import os
+    import time
+
+    import focus.attention.native.build as build  # (the room's own test: its build's lock)
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    lock = tmp_path / "focus_native_test" / "lock"
+    lock.parent.mkdir()
+    lock.touch()
+    assert not build.clear_stale_lock("focus_native_test") and lock.exists()
+    old = time.time() - build.STALE_LOCK_SECONDS - 60
+    os.utime(lock, (old, old))
+    assert build.clear_stale_lock("focus_native_test") and not lock.exists()
+    assert not build.clear_stale_lock("focus_native_test")

@@ -8,6 +8,7 @@ import functools
 import hashlib
 import logging
 import platform
+import time
 import warnings
 from pathlib import Path
 
@@ -73,12 +74,38 @@ def kernels():
 
     _log.info("building Focus's native CPU kernels (once per machine, about a minute)")
     name, flags, sources = build_settings()
+    clear_stale_lock(name)
     try:
         return load(name=name, sources=sources, extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
     except (RuntimeError, OSError, ImportError) as error:  # no compiler or ninja, or a failed build
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise RuntimeError(f"Focus's native CPU kernels could not be built ({first}); they need a C++ compiler and "
                            "ninja (pip install ninja)") from error
+
+
+STALE_LOCK_SECONDS = 900
+"""A build lock older than this was left by a build that died: a build takes about a minute on 2 cores."""
+
+
+def clear_stale_lock(name: str) -> bool:
+    """Remove the build lock of extension `name` where a killed build left it; returns whether one was removed.
+
+    torch's extension builder guards a build with a `lock` file in its build folder and waits for it to go, with no
+    time limit: a build stopped midway (Ctrl-C, a job's time limit) leaves it, and every later process would hang at
+    its first native call, silently. A lock older than `STALE_LOCK_SECONDS` is no live build's."""
+    from torch.utils.cpp_extension import _get_build_directory  # private, but the builder's own rule for the folder
+
+    lock = Path(_get_build_directory(name, verbose=False)) / "lock"
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except OSError:  # no lock: the usual case
+        return False
+    if age < STALE_LOCK_SECONDS:
+        _log.info("another process is building the native kernels (%s); waiting for it", lock)
+        return False
+    _log.warning("removing the lock a killed build left %.0f min ago (%s)", age / 60, lock)
+    lock.unlink(missing_ok=True)
+    return True
 
 
 _BUILD_FAILED: list[str] = []
