@@ -90,5 +90,3 @@ def test_paper_profile_requests_fit_a_gpu_node_and_a_bad_one_is_refused(tmp_path
     assert too_many.returncode == 1
     assert re.search(r"^REFUSED +9 x train_focus .*--gpus=9\n +.*Requested node configuration is not available",
                      too_many.stdout, flags=re.MULTILINE)
-
-

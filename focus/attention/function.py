@@ -232,10 +232,3 @@ def _soft_attention(config: FocusConfig, call: AttentionCall, routed: Routed) ->
     if call.softcap is not None:  # SDPA has no soft-capping: use the explicit path (Gemma 2)
         return dense_attention(call.query, call.key, call.value, allowed, bias, call.scaling, call.softcap)
     return sdpa_grouped(call.query, call.key, call.value, allowed, bias, call.scaling, call.dropout)
-
-
-
-
-
-
-

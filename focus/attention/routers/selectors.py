@@ -144,4 +144,3 @@ def best_units_until(scores: torch.Tensor, counts: torch.Tensor, need: torch.Ten
     before = ranked.cumsum(dim=-1) - ranked  # distant keys the better units already keep
     take = (before < need) & (ranked > 0)
     return torch.zeros_like(take).scatter_(-1, order, take)
-
