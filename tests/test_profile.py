@@ -115,7 +115,7 @@ def test_routers_profile_trains_the_indexer_and_screens_it_beside_the_untrained_
     screen = profile["recall_screen"]
     assert screen["model"] == "smollm2" and screen["split"] == "validation" and screen["keys"] == [256, 1024, 2048]
     assert screen["routers"]["indexer32"] == "variant:indexer32" and 8192 in screen["lengths"]
-    assert (screen["ppl_shares"], screen["ppl_keys"]) == ([0.3], [2048])
+    assert (screen["ppl_shares"], screen["ppl_keys"]) == ([0.3, 0.5], [2048])  # 50%: what 2K book text needs
     assert screen["ppl_routers"] == ["loki32", "indexer32_512", "indexer32"]
     short = profile["models"]["smollm2"]["training"]["indexer32_512"]  # the same router on rows of 512
     assert short["rows"]["seq_len"] == 512 and short["centroids"]["batch_size"] == 4

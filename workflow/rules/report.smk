@@ -157,7 +157,7 @@ rule snapshot:
     log:
         f"{R}/logs/snapshot.log",
     params:
-        results=R,
+        results=lambda wildcards, output: str(Path(output[0]).parent),  # results/<profile>
         folder=f"benchmarks/results/{P['name']}",
     script:
         "../scripts/snapshot.py"
