@@ -205,7 +205,7 @@ def test_the_snapshot_copies_every_table_and_figure_with_its_provenance(mini_run
     """`snakemake snapshot`: the run's tables and figures, byte for byte, each with its provenance, in the folder
     README and docs cite (benchmarks/results/<profile>/ under the working directory)."""
     workdir, results = mini_run
-    snakemake(workdir, "--configfile", str(workdir / "config.yaml"), "snapshot")
+    snakemake(workdir, "snapshot", "--configfile", str(workdir / "config.yaml"))  # (--configfile takes several)
     folder = workdir / "benchmarks" / "results" / "mini"
     files = sorted(path for path in folder.rglob("*") if path.is_file())
     tables = [path for path in files if path.suffix == ".md"]
