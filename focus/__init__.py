@@ -14,6 +14,7 @@ from focus.version import __version__ as __version__
 if TYPE_CHECKING:  # what type checkers and editors see ("X as X": re-exported); at run time `__getattr__` imports
     from focus.adapter import load_focus as load_focus
     from focus.adapter import save_focus as save_focus
+    from focus.attention.cache.decoding import FocusCache as FocusCache
     from focus.config import ConfigError as ConfigError
     from focus.config import FocusConfig as FocusConfig
     from focus.hub import load_focus_model as load_focus_model
@@ -28,6 +29,7 @@ if TYPE_CHECKING:  # what type checkers and editors see ("X as X": re-exported);
 
 _HOMES = {
     "ConfigError": "focus.config",
+    "FocusCache": "focus.attention.cache.decoding",
     "FocusConfig": "focus.config",
     "apply_focus": "focus.retrofit",
     "focus_config": "focus.retrofit",
