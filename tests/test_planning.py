@@ -136,15 +136,17 @@ def test_the_kernel_is_the_first_row_that_does_not_decline_and_every_refusal_is_
 
 
 def test_the_fast_path_switch_is_a_fact_of_the_call():
-    """A call's facts may name the switch (as `explain` and the docs table do); otherwise the plan reads the one in
-    force, once."""
+    """A call's facts may name the switch (as `explain` and the docs table do); otherwise they take the one in force
+    when they are made, and every row reads that one."""
     config = FocusConfig(mode="hard")
-    facts = CallFacts(queries=640, keys=640)
+    made_before = CallFacts(queries=640, keys=640)
+    assert made_before.fast_path == "auto"
     assert plan(config, CallFacts(queries=640, keys=640, fast_path="dense")).kernel == "dense_masked"
     with fast_path("dense"):
-        assert plan(config, facts).kernel == "dense_masked"
+        assert plan(config, CallFacts(queries=640, keys=640)).kernel == "dense_masked"
         assert plan(config, CallFacts(queries=640, keys=640, fast_path="auto")).kernel == "decomposed_torch"
-    assert plan(config, facts).kernel == "decomposed_torch"
+        assert plan(config, made_before).kernel == "decomposed_torch"
+    assert plan(config, CallFacts(queries=640, keys=640)).kernel == "decomposed_torch"
 
 
 def test_matrix_units_are_a_row_the_plan_chooses_by_the_calls_dtype_and_the_cpu():

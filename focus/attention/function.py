@@ -18,7 +18,6 @@ from focus.attention.cache.decoding import index_new_keys, take_cache_index
 from focus.attention.cache.group_index import GroupIndex
 from focus.attention.cache.key_codes import KeyCodes
 from focus.attention.dispatch.facts import CallFacts
-from focus.attention.dispatch.fast_path import current_fast_path
 from focus.attention.dispatch.kernel_table import kernel_row
 from focus.attention.dispatch.planning import Plan, plan
 from focus.attention.kernels.call import AttentionCall, CallState
@@ -169,7 +168,7 @@ def call_facts(
         gradients=torch.is_grad_enabled() and (query.requires_grad or key.requires_grad),
         training=centroids_training(module), traced=traced, softcap=call.softcap is not None,
         dropout=call.dropout != 0.0, model_window=call.sliding_window, dense_rows=_dense_rows(module, q_len, k_len),
-        dtype=str(query.dtype).removeprefix("torch."), fast_path=current_fast_path(),
+        dtype=str(query.dtype).removeprefix("torch."),
     )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator
 
 from focus.attention.dispatch.fast_path import current_fast_path
@@ -26,7 +26,8 @@ class CallFacts:
     softcap, dropout: the model soft-caps its logits or drops attention weights; model_window: its own sliding
     window, or None. dense_rows: the first queries that attend as the unmodified model (`dense_below`).
     flash_attn: whether flash-attn imports (None: `flash_attn_installed` looks).
-    fast_path: the fast-path switch in force (`focus.attention.dispatch.fast_path`; None: read it when planned).
+    fast_path: the fast-path switch the call is planned under (`focus.attention.dispatch.fast_path`; None: the
+    one in force when the facts are made).
     dtype: the query's ("float32", "bfloat16", ...). matrix_units: the CPU's bfloat16 matrix units (AMX) may compute
     it (None: whether this CPU has them and `use_matrix_units` allows them). native_kernels: the native kernels are
     built or load here (None: build them, once per machine, to know: `native.kernels_built`).
@@ -54,15 +55,14 @@ class CallFacts:
     matrix_units: bool | None = None
     native_kernels: bool | None = None
 
-    @property
-    def decoding_step(self) -> bool:
-        """One new query against a `FocusCache`'s keys."""
-        return self.cache != "none" and self.queries == 1
+    decoding_step: bool = field(init=False)
+    """One new query against a `FocusCache`'s keys."""
 
-    @property
-    def switch(self) -> str:
-        """The fast-path switch this call is planned under."""
-        return current_fast_path() if self.fast_path is None else self.fast_path
+    def __post_init__(self):
+        # Resolved once, as the facts are made: every row reads the same switch, without a call back here per row.
+        object.__setattr__(self, "decoding_step", self.cache != "none" and self.queries == 1)
+        if self.fast_path is None:
+            object.__setattr__(self, "fast_path", current_fast_path())
 
     @property
     def has_flash_attn(self) -> bool:

@@ -52,7 +52,7 @@ def fast_path_blocker(config: FocusConfig, facts: CallFacts) -> str | None:
 
 def _pattern_blocker(facts: CallFacts) -> str | None:
     """Why no kernel but the dense masked one can compute the call, whatever routes it."""
-    if facts.switch == "dense":
+    if facts.fast_path == "dense":
         return "the fast-path switch is 'dense'"
     if facts.softcap:
         return "the model soft-caps its logits"
@@ -171,8 +171,8 @@ def _decomposed_native(config: FocusConfig, facts: CallFacts) -> str | None:
         return blocker
     if facts.cache != "native":
         return "not a native FocusCache's prompt"
-    if facts.switch != "auto":
-        return f"the fast-path switch is {facts.switch!r}"
+    if facts.fast_path != "auto":
+        return f"the fast-path switch is {facts.fast_path!r}"
     if blocker := _native_blocker(config, facts):
         return blocker
     if facts.traced:
@@ -199,9 +199,9 @@ def _decomposed_native_on_matrix_units(config: FocusConfig, facts: CallFacts) ->
 def _decomposed_flash(config: FocusConfig, facts: CallFacts) -> str | None:
     if blocker := _whole_sequence(config, facts):
         return blocker
-    if facts.switch == "flash":
+    if facts.fast_path == "flash":
         return None  # pinned: the kernel fails in one line where flash-attn is missing
-    if facts.switch == "torch":
+    if facts.fast_path == "torch":
         return "the fast-path switch is 'torch'"
     if facts.device != "cuda":
         return f"flash-attn runs on CUDA, the call on {facts.device}"

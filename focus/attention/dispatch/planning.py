@@ -64,10 +64,7 @@ class Plan:
 
 
 def plan(config: FocusConfig, facts: CallFacts) -> Plan:
-    """The plan of a call with `facts` on a layer set as `config` (the fast-path switch now in force, unless the facts
-    name one)."""
-    if facts.fast_path is None:  # read once: every row sees the same switch (a call's facts name it already)
-        facts = replace(facts, fast_path=facts.switch)
+    """The plan of a call with `facts` on a layer set as `config` (under the fast-path switch the facts name)."""
     all_dense = facts.dense_rows >= facts.queries
     groups = config.selector == "centroids"
     if config.mode == "hard" and not groups and not facts.training:
