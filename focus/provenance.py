@@ -62,6 +62,21 @@ def cpu_name() -> str:
     return f"{names[0]} ({len(names)} logical cores)" if names else platform.processor() or platform.machine()
 
 
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+"""The CPU features that change what a timing or a bfloat16 run measures here (the native kernels' vector and matrix
+paths, FACTS.md)."""
+
+
+def cpu_flags() -> list[str]:
+    """Which of `CPU_FLAGS` this CPU has (Linux), without torch."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        flags = []
+    return [flag for flag in CPU_FLAGS if flag in flags]
+
+
 def provenance() -> dict:
     return {
         "focus_version": __version__,

@@ -76,7 +76,7 @@ def test_tiny_profile_on_the_slurm_executor_asks_for_no_gpu(tmp_path):
     """A CPU partition runs a profile whose models ask for no GPU: no job of it requests one."""
     result = snakemake(tmp_path, "--workflow-profile", str(ROOT / "profiles" / "slurm"), "-n", "--jobs", "4")
     resources = re.findall(r"resources: (.*)", result.stdout)
-    assert len(resources) == 94  # every job of configs/tiny.yaml
+    assert len(resources) == 95  # every job of configs/tiny.yaml
     assert all(re.search(r"\bgpu=0\b", line) or "gpu=" not in line for line in resources)
     assert sum("gpu=0" in line for line in resources) > 40  # training and evaluation jobs say so
 

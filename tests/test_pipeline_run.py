@@ -176,7 +176,7 @@ def test_html_report_embeds_tables_and_figures(mini_run):
     workdir, _ = mini_run
     html = (workdir / "report.html").read_text()
     for name in ("perplexity.csv", "training.csv", "loss_curves.png", "perplexity.png", "speedup.png", "attention.csv",
-                 "truthfulqa.csv", "truthfulqa.png", "claims.csv", "long_context.png"):
+                 "truthfulqa.csv", "truthfulqa.png", "claims.csv", "long_context.png", "provenance.csv"):
         assert name in html
 
 
@@ -187,8 +187,8 @@ def test_forcerun_rebuilds_only_the_rule_and_its_dependants(mini_run):
     planned = job_counts(snakemake(workdir, "--configfile", config, "-n", "--forcerun", "train_focus").stdout)
     assert planned == {"train_focus": 2, "perplexity": 2 * 2, "perplexity_validation": 2 * 2, "benchmarks": 2,
                        "long_context_perplexity": 2 * 2, "needle": 2, "ruler": 2, "interpret": 1, "evaluation_tables": 1,
-                       "tables": 1, "study": 1, "peers_table": 1, "claims": 1, "figures": 1, "wandb_report": 1,
-                       "notebook": 1, "all": 1}  # not tokenize, the baselines (full, LoRA, peer), or their evaluations
+                       "tables": 1, "study": 1, "peers_table": 1, "claims": 1, "figures": 1, "provenance": 1,
+                       "wandb_report": 1, "notebook": 1, "all": 1}  # not tokenize, the baselines (full, LoRA, peer), or their evaluations
 
     files = [p for p in results.rglob("*") if p.is_file() and "wandb" not in p.parts]
     before = {p: p.stat().st_mtime_ns for p in files}
@@ -197,7 +197,9 @@ def test_forcerun_rebuilds_only_the_rule_and_its_dependants(mini_run):
     assert changed == {"figures/loss_curves.png", "figures/loss_curves.svg", "figures/perplexity.png",
                        "figures/perplexity.svg", "notebooks/results.ipynb", "logs/figures.log", "logs/notebook.log",
                        "logs/wandb_report.log", "figures/loss_curves.provenance.json",
-                       "figures/perplexity.provenance.json"}  # (the figures' provenance: made again with them)
+                       "figures/perplexity.provenance.json",  # (the figures' provenance: made again with them)
+                       "tables/provenance.csv", "tables/provenance.md", "tables/provenance.provenance.json",
+                       "logs/provenance.log"}
 
 
 @pytest.mark.slow

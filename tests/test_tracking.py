@@ -8,6 +8,7 @@ import json
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 from helpers.wandb_file import history, iter_records, logged_media, run_config
@@ -15,8 +16,9 @@ from safetensors.torch import save_file
 
 from focus.pipeline.jobs import TrainingJob
 from focus.pipeline.stages import train_focus
-from focus.pipeline.stamp import PROFILE, PROFILE_FILE, stamp_outputs
+from focus.pipeline.stamp import PROFILE, PROFILE_FILE, stamp_outputs, write_provenance_table
 from focus.pipeline.tracking import LiveTrainingRun, WandbTarget, artifact_name, log_report_run
+from focus.provenance import CPU_FLAGS
 from focus.train.config import TrainConfig
 
 pytest.importorskip("wandb")
@@ -155,17 +157,35 @@ def test_a_rules_outputs_are_stamped_once_with_the_profile_and_the_command(tmp_p
     (tmp_path / "curves.png").write_bytes(b"png")
     (tmp_path / "runs").mkdir()
     outputs = [tmp_path / name for name in ("study.csv", "study.md", "curves.png", "runs")]
-    stamp_outputs(outputs)
-    stamp_outputs(outputs)
+    stamp_outputs(outputs, rule="study")
+    stamp_outputs(outputs, rule="study")
     lines = (tmp_path / "study.md").read_text().splitlines()
-    assert lines[0].startswith("*Made at commit ") and "for profile study@abcdef012345" in lines[0]
+    assert lines[0].startswith("*Made at commit ") and " by rule `study` for profile study@abcdef012345" in lines[0]
     assert lines[0].endswith(f"re-make: `snakemake {tmp_path / 'study.csv'} --configfile configs/study.yaml`.*")
     assert lines[1:] == ["", "| design | ppl |"]
     for sidecar in ("study.provenance.json", "curves.provenance.json"):
         record = json.loads((tmp_path / sidecar).read_text())
         assert record["profile"] == "study@abcdef012345" and record["git_commit"] and record["machine"]["cpu"]
+        assert record["rule"] == "study" and set(record["machine"]["cpu_flags"]) <= set(CPU_FLAGS)
     assert sorted(path.name for path in tmp_path.iterdir()) == [
         "curves.png", "curves.provenance.json", "runs", "study.csv", "study.md", "study.provenance.json"]
+
+
+def test_the_provenance_table_has_a_row_per_artifact_and_says_which_has_no_stamp(tmp_path, monkeypatch):
+    monkeypatch.setenv(PROFILE, "tiny@0123456789ab")
+    monkeypatch.setenv(PROFILE_FILE, "configs/tiny.yaml")
+    tables, figures = tmp_path / "tables", tmp_path / "figures"
+    tables.mkdir(), figures.mkdir()
+    (tables / "perplexity.csv").write_text("method,ppl\npretrained,30\n")
+    (figures / "loss.png").write_bytes(b"png")
+    stamp_outputs([tables / "perplexity.csv"], rule="tables")
+    write_provenance_table([tables / "perplexity.csv", figures / "loss.png"], tmp_path, tables / "provenance.csv")
+    rows = pd.read_csv(tables / "provenance.csv", keep_default_na=False).to_dict("records")
+    assert [(row["artifact"], row["rule"], row["profile"]) for row in rows] == [
+        ("tables/perplexity.csv", "tables", "tiny@0123456789ab"), ("figures/loss.png", "not stamped", "")]
+    assert rows[0]["re-make"] == f"snakemake {tables / 'perplexity.csv'} --configfile configs/tiny.yaml"
+    assert rows[0]["commit"] and rows[0]["machine"] and rows[0]["date"]
+    assert (tables / "provenance.md").read_text().startswith("| artifact ")
 
 
 def test_artifact_names_keep_only_what_wandb_allows():

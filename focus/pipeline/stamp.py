@@ -16,11 +16,12 @@ import hashlib
 import json
 import os
 import platform
+import sys
 from pathlib import Path
 from typing import Any, Iterable
 
 from focus.files import write_json, write_text
-from focus.provenance import cpu_name, git_commit, package_versions
+from focus.provenance import cpu_flags, cpu_name, git_commit, package_versions
 from focus.version import __version__
 
 PROFILE = "FOCUS_PROFILE"
@@ -35,8 +36,8 @@ def profile_hash(profile: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def stamp_outputs(outputs: Iterable[str | Path]) -> dict[str, Any]:
-    """Stamp the files a rule wrote (`outputs`, folders skipped): the provenance line atop each Markdown one that has
+def stamp_outputs(outputs: Iterable[str | Path], rule: str | None = None) -> dict[str, Any]:
+    """Stamp the files `rule` wrote (`outputs`, folders skipped): the provenance line atop each Markdown one that has
     none, and `<stem>.provenance.json` beside each table and figure (a table's CSV and Markdown share one).
     Returns the record."""
     files = [Path(path) for path in outputs if Path(path).is_file()]
@@ -46,14 +47,53 @@ def stamp_outputs(outputs: Iterable[str | Path]) -> dict[str, Any]:
     profile = os.environ.get(PROFILE, "unknown")
     command = f"snakemake {files[0]} --configfile {os.environ.get(PROFILE_FILE, '<profile>')}"
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
-    record = {"git_commit": commit, "profile": profile, "machine": {"cpu": cpu_name(), "arch": platform.machine(),
-              "python": platform.python_version()}, "packages": package_versions(), "focus_version": __version__,
-              "date": date, "command": command}
-    line = (f"{STAMP}{commit[:12]}{'-dirty' if commit.endswith('-dirty') else ''} for profile {profile} on "
-            f"{cpu_name()}, {date}; re-make: `{command}`.*")
+    machine = {"cpu": cpu_name(), "cpu_flags": cpu_flags(), "gpu": _gpu_name(), "arch": platform.machine(),
+               "python": platform.python_version()}
+    record = {"git_commit": commit, "rule": rule, "profile": profile, "machine": machine,
+              "packages": package_versions(), "focus_version": __version__, "date": date, "command": command}
+    made_by = f" by rule `{rule}`" if rule else ""
+    line = (f"{STAMP}{commit[:12]}{'-dirty' if commit.endswith('-dirty') else ''}{made_by} for profile {profile} on "
+            f"{machine['gpu'] or cpu_name()}, {date}; re-make: `{command}`.*")
     for path in files:
         if path.suffix == ".md" and not (text := path.read_text()).startswith(STAMP):
             write_text(path, f"{line}\n\n{text}")
     for sidecar in sorted({path.with_suffix(".provenance.json") for path in files if path.suffix in STAMPED}):
         write_json(sidecar, record)
     return record
+
+
+def _gpu_name() -> str | None:
+    """The GPU the job computed on, if it imported torch and has one (a job that only reads records has none)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_name(torch.cuda.current_device())
+
+
+def write_provenance_table(artifacts: Iterable[str | Path], results: str | Path, csv: str | Path) -> None:
+    """One row per table, figure and page of a profile (`artifacts`, under `results`): the rule, commit, profile,
+    machine and date its stamp records and the command that re-makes it; Markdown beside the CSV. An artifact with no
+    stamp says so in its row (the snapshot refuses it): the HTML report's Provenance section shows where each came
+    from."""
+    import pandas as pd  # (here, not at the top: the stamp itself stays light)
+
+    from focus.artifacts import markdown_table
+
+    rows = []
+    for path in map(Path, artifacts):
+        sidecar = path.with_suffix(".provenance.json")
+        stamp = json.loads(sidecar.read_text()) if sidecar.is_file() else None
+        name = str(path.relative_to(results)) if path.is_relative_to(results) else str(path)
+        if stamp is None:
+            rows.append({"artifact": name, "rule": "not stamped"})
+            continue
+        machine = stamp.get("machine", {})
+        flags = ", ".join(machine.get("cpu_flags") or [])
+        rows.append({"artifact": name, "rule": stamp.get("rule") or "", "commit": stamp["git_commit"][:12],
+                     "profile": stamp["profile"], "machine": machine.get("gpu") or machine.get("cpu", ""),
+                     "cpu_flags": flags, "date": stamp["date"], "re-make": stamp["command"]})
+    frame = pd.DataFrame(rows, columns=["artifact", "rule", "commit", "profile", "machine", "cpu_flags", "date",
+                                        "re-make"])
+    csv = Path(csv)
+    write_text(csv, frame.to_csv(index=False))
+    write_text(csv.with_suffix(".md"), markdown_table(frame, ".3g") + "\n")

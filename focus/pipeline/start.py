@@ -23,9 +23,9 @@ _FULL_DISK: list[str] = []  # the line a job that ran out of space ends its log 
 _FAILED: list[str] = []  # the exception that ended the job, if one did
 
 
-def start_job(log: str | Path, threads: int, stamp: Iterable[str | Path] = ()) -> None:
+def start_job(log: str | Path, threads: int, stamp: Iterable[str | Path] = (), rule: str | None = None) -> None:
     """Send this job's stdout, stderr (progress bars) and logging to `log`, and use `threads` torch threads; when
-    the job ends without an error, `stamp` its outputs (tables and figures: where they came from,
+    the job ends without an error, `stamp` its outputs as made by `rule` (tables and figures: where they came from,
     `focus.pipeline.stamp`).
 
     Under SLURM, a job stopped by SIGTERM (its time limit, scancel, a preemption) first says which in its log.
@@ -43,7 +43,7 @@ def start_job(log: str | Path, threads: int, stamp: Iterable[str | Path] = ()) -
     sys.excepthook = _remember_a_full_disk
     atexit.register(_say_it_last)
     if stamp:
-        atexit.register(_stamp_unless_failed, [str(path) for path in stamp])
+        atexit.register(_stamp_unless_failed, [str(path) for path in stamp], rule)
     if "SLURM_JOB_ID" in os.environ:
         signal.signal(signal.SIGTERM, _report_slurm_stop)
 
@@ -59,11 +59,11 @@ def _remember_a_full_disk(kind, error, traceback) -> None:
         sys.__excepthook__(kind, error, traceback)
 
 
-def _stamp_unless_failed(outputs: list[str]) -> None:
+def _stamp_unless_failed(outputs: list[str], rule: str | None) -> None:
     if not _FAILED:  # (a failed job's outputs are Snakemake's to remove)
         from focus.pipeline.stamp import stamp_outputs
 
-        stamp_outputs(outputs)
+        stamp_outputs(outputs, rule)
 
 
 def _say_it_last() -> None:

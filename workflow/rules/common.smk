@@ -245,6 +245,9 @@ def recall_routers():
 EVALUATION_TABLES = [name for name in ("benchmarks", "truthfulqa", "prompt_lengths", "lora", "long_context", "ruler")
                      if name in TABLES]
 TABLES.update(claims=f"{R}/tables/claims.csv")
+# Where every other table, figure and page came from, one row each (rule provenance; the report and W&B show it).
+PROVENANCE_OF = [*TABLES.values(), *FIGURES.values(), *PAGES.values()]
+TABLES.update(provenance=f"{R}/tables/provenance.csv")
 # The model the claims are judged on: the one the evaluation stages cover (SmolLM2 in the tiny profiles).
 MAIN_MODEL = (HARNESS["models"] or LONG["models"] or MODELS)[0]
 
@@ -256,8 +259,10 @@ def final_targets():
 # ---- input functions and params (rules take these by name: no lambdas in rules) -------------------------------
 
 
-def notebook_results(wildcards, output):
-    return str(Path(output[0]).parent.parent)  # results/<profile>/notebooks/results.ipynb -> results/<profile>
+def profile_results(wildcards, output):
+    """The profile's results folder, from an output one folder below it (results/<profile>/notebooks/results.ipynb,
+    results/<profile>/tables/provenance.csv -> results/<profile>)."""
+    return str(Path(output[0]).parent.parent)
 
 
 def train_tokens(wildcards):
@@ -408,8 +413,8 @@ def claims_extras():
 
 
 def claims_inputs(wildcards):
-    """Every table of the profile but the claims table itself (keys = table names), plus `claims_extras`."""
-    return {**{name: path for name, path in TABLES.items() if name != "claims"}, **claims_extras()}
+    """Every table of the profile but the claims and provenance tables (keys = table names), plus `claims_extras`."""
+    return {**{name: path for name, path in TABLES.items() if name not in ("claims", "provenance")}, **claims_extras()}
 
 
 def scratch_tokens(wildcards):

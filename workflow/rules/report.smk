@@ -102,6 +102,24 @@ rule claims:
         "../scripts/claims.py"
 
 
+rule provenance:
+    """Where each table, figure and page of the profile came from (rule, commit, profile, machine, date, the command
+    that re-makes it), one row each from their stamps: the HTML report's Provenance section, W&B and the notebook."""
+    conda:
+        ENVIRONMENT
+    input:
+        PROVENANCE_OF,
+    output:
+        csv=report(TABLES["provenance"], caption="../report/provenance_table.rst", category="Provenance"),
+        md=f"{R}/tables/provenance.md",
+    log:
+        f"{R}/logs/provenance.log",
+    params:
+        results=profile_results,
+    script:
+        "../scripts/provenance_table.py"
+
+
 rule wandb_report:
     """Every table, figure and page, logged to one W&B run (offline by default: results/<profile>/wandb), the tables
     also as an Artifact downstream of the training jobs' weights."""
@@ -137,7 +155,7 @@ rule notebook:
     log:
         f"{R}/logs/notebook.log",
     params:
-        results=notebook_results,
+        results=profile_results,
     script:
         "../scripts/notebook.py"
 

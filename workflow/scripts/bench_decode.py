@@ -3,7 +3,7 @@
 from focus.pipeline.benchmark import run_decode_benchmark
 from focus.pipeline.start import start_job
 
-start_job(snakemake.log[0], snakemake.threads, stamp=snakemake.output)
+start_job(snakemake.log[0], snakemake.threads, stamp=snakemake.output, rule=snakemake.rule)
 run_decode_benchmark(
     settings=snakemake.params.decode,
     model_source=snakemake.params.model_source,

@@ -3,7 +3,7 @@
 from focus.pipeline.start import start_job
 from focus.report.claims import write_claims
 
-start_job(snakemake.log[0], 1, stamp=snakemake.output)
+start_job(snakemake.log[0], 1, stamp=snakemake.output, rule=snakemake.rule)
 inputs = dict(snakemake.input.items())
 extras = {name: inputs.pop(name) for name in ("scratch", "interpret") if name in inputs}
 write_claims(

@@ -3,7 +3,7 @@
 from focus.pipeline.start import start_job
 from focus.report.evaluation import write_evaluation_tables
 
-start_job(snakemake.log[0], 1, stamp=snakemake.output)
+start_job(snakemake.log[0], 1, stamp=snakemake.output, rule=snakemake.rule)
 write_evaluation_tables(
     benchmark_records=snakemake.input.benchmarks,
     samples={path.split("/")[-2]: path for path in snakemake.input.samples},

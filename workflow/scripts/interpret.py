@@ -3,7 +3,7 @@
 from focus.pipeline.interpret import interpret_adapter
 from focus.pipeline.start import start_job
 
-start_job(snakemake.log[0], snakemake.threads, stamp=snakemake.output)
+start_job(snakemake.log[0], snakemake.threads, stamp=snakemake.output, rule=snakemake.rule)
 interpret_adapter(
     source=snakemake.params.source,
     dtype=snakemake.params.dtype,

@@ -3,7 +3,7 @@
 from focus.pipeline.start import start_job
 from focus.report.peers import write_peers
 
-start_job(snakemake.log[0], snakemake.threads, stamp=snakemake.output)
+start_job(snakemake.log[0], snakemake.threads, stamp=snakemake.output, rule=snakemake.rule)
 write_peers(
     records=snakemake.input.perplexity,
     router=snakemake.params.router,

@@ -6,7 +6,7 @@ from focus.pipeline.screens import recall_screen
 from focus.pipeline.stamp import PROFILE_FILE
 from focus.pipeline.start import start_job
 
-start_job(snakemake.log[0], snakemake.threads, stamp=snakemake.output)
+start_job(snakemake.log[0], snakemake.threads, stamp=snakemake.output, rule=snakemake.rule)
 recall_screen(
     source=snakemake.params.source,
     dtype=snakemake.params.dtype,

@@ -3,7 +3,7 @@
 from focus.pipeline.start import start_job
 from focus.report.scratch import summarize_scratch
 
-start_job(snakemake.log[0], snakemake.threads, stamp=snakemake.output)
+start_job(snakemake.log[0], snakemake.threads, stamp=snakemake.output, rule=snakemake.rule)
 summarize_scratch(
     summaries=snakemake.input.summaries,
     table_csv=snakemake.output.table,

@@ -3,7 +3,7 @@
 from focus.pipeline.start import start_job
 from focus.report.study import write_study
 
-start_job(snakemake.log[0], snakemake.threads, stamp=snakemake.output)
+start_job(snakemake.log[0], snakemake.threads, stamp=snakemake.output, rule=snakemake.rule)
 write_study(
     model=snakemake.params.model,
     variants=snakemake.params.variants,
