@@ -84,7 +84,7 @@ def test_tiny_profile_on_the_slurm_executor_asks_for_no_gpu(tmp_path):
 def test_the_screen_profiles_dry_run_their_designs(tmp_path):
     """The no-worse screen: its 16 designs trained on one GPU each and studied; the router screen: two trainings of
     the indexer (512- and 2K-token rows) and its recall screen with perplexity; the oracle floor: one design trained,
-    scored, and screened beside the oracle."""
+    scored, and screened beside the oracle; the GPU profile: the router screen and the speed rows on one GPU."""
     result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "no_worse.yaml"), "-n")
     counts = job_counts(result.stdout)
     assert counts["train_focus"] == 16 and counts["study"] == 1 and counts["needle"] == 1 + 2 * 16
@@ -94,6 +94,13 @@ def test_the_screen_profiles_dry_run_their_designs(tmp_path):
     assert counts["train_focus"] == 2 and counts["recall_screen"] == 1 and counts["claims"] == 1
     counts = job_counts(snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "oracle_floor.yaml"), "-n").stdout)
     assert counts["train_focus"] == 1 and counts["recall_screen"] == 1 and counts["perplexity"] == 3 * 3
+    # The routers' screen on one GPU: each job that computes asks for it, the speed rows timed there too.
+    result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "gpu.yaml"), "-n")
+    counts = job_counts(result.stdout)
+    assert counts["train_focus"] == 2 and counts["recall_screen"] == 1 and counts["bench_decode"] == 1
+    for rule in ("train_focus", "perplexity", "peer", "recall_screen", "bench_attention", "bench_decode"):
+        jobs = [block for block in result.stdout.split("\n\n") if f"rule {rule}:" in block]
+        assert jobs and all(re.search(r"\bgpu=1\b", block) for block in jobs), rule
 
 
 def test_a_variant_with_its_own_training_corpus_plans_its_job_on_it(tmp_path):

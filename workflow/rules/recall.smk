@@ -35,6 +35,8 @@ if RECALL:
                       "window": next(iter(P["models"][RECALL["model"]]["variants"].values()))["window"],
                       **{key: RECALL[key] for key in ("split", "lengths", "rows", "shares", "keys", "last_queries", "ppl_shares",
                                                 "ppl_keys", "ppl_rows", "ppl_routers")}},
-        threads: 1
+        threads: 2  # one long job, most of it alone after the trainings
+        resources:
+            gpu=one_gpu_if_any(P["models"][RECALL["model"]]["eval_gpus"]),  # one process
         script:
             "../scripts/recall_screen.py"
