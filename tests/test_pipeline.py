@@ -84,7 +84,8 @@ def test_tiny_profile_on_the_slurm_executor_asks_for_no_gpu(tmp_path):
 def test_the_screen_profiles_dry_run_their_designs(tmp_path):
     """The no-worse screen: its 16 designs trained on one GPU each and studied; the router screen: two trainings of
     the indexer (512- and 2K-token rows) and its recall screen with perplexity; the oracle floor: one design trained,
-    scored, and screened beside the oracle; the GPU profile: the router screen and the speed rows on one GPU."""
+    scored, and screened beside the oracle; the GPU profile: the router screen and the speed rows on one GPU; the
+    peers: four training-free selectors beside the chosen design, on one GPU each."""
     result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "no_worse.yaml"), "-n")
     counts = job_counts(result.stdout)
     assert counts["train_focus"] == 16 and counts["study"] == 1 and counts["needle"] == 1 + 2 * 16
@@ -98,8 +99,20 @@ def test_the_screen_profiles_dry_run_their_designs(tmp_path):
     result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "gpu.yaml"), "-n")
     counts = job_counts(result.stdout)
     assert counts["train_focus"] == 2 and counts["recall_screen"] == 1 and counts["bench_decode"] == 1
-    for rule in ("train_focus", "perplexity", "peer", "recall_screen", "bench_attention", "bench_decode"):
-        jobs = [block for block in result.stdout.split("\n\n") if f"rule {rule}:" in block]
+    assert_one_gpu_each(result.stdout, "train_focus", "perplexity", "peer", "recall_screen", "bench_attention",
+                        "bench_decode")
+    # The peers at Focus's budget: 4 selectors beside the chosen design, to RULER at 4K (GPU-sized).
+    result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "peers.yaml"), "-n")
+    counts = job_counts(result.stdout)
+    assert counts["peer"] == 4 and counts["train_focus"] == 1 and counts["peers_table"] == 1 and counts["ruler"] == 7
+    assert_one_gpu_each(result.stdout, "train_focus", "perplexity", "peer", "long_context_perplexity", "needle",
+                        "ruler")
+
+
+def assert_one_gpu_each(dry_run: str, *rules: str) -> None:
+    """Every job of each of `rules` in a dry run's plan asks for one GPU."""
+    for rule in rules:
+        jobs = [block for block in dry_run.split("\n\n") if f"rule {rule}:" in block]
         assert jobs and all(re.search(r"\bgpu=1\b", block) for block in jobs), rule
 
 
