@@ -60,6 +60,7 @@ def test_minimal_run_writes_sane_artifacts(mini_run):
         assert (results / "tables" / f"{table}.md").read_text().startswith("*Made at commit "), table
         record = json.loads((results / "tables" / f"{table}.provenance.json").read_text())
         assert record["profile"].startswith("mini@") and record["command"].startswith("snakemake results/mini/")
+        assert record["command"].endswith(" --configfile config.yaml")  # as typed where it ran: no machine's path
 
     # The evaluation stages: one row per (method, task), a real PEFT adapter, every claim judged.
     truthfulqa = pd.read_csv(results / "tables" / "truthfulqa.csv")
