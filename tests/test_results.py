@@ -3,8 +3,11 @@ from in its first line (`focus.provenance.provenance_line`: commit, machine, tor
 except the tables made before tables named their commit, listed in LEGACY until a rule re-makes them (issue 55). The
 list only shrinks: a listed table that gains its line, or stops being cited, fails until it leaves the list."""
 
+import json
 import re
 from pathlib import Path
+
+import pandas as pd
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -24,8 +27,8 @@ LEGACY = {
     "peers_against_mix50_kl10_top1.md", "prefill_cpu.md", "profile_cpu.md", "profile_native_top2.md",
     "profile_native_top2_2048.md", "routing_screen_512.md", "routing_screen_shapes_wikitext2.md",
     "ruler_screen_no_worse.md", "ruler_screen_peers.md", "ruler_screen_peers_4k.md", "ruler_screen_screen.md",
-    "ruler_tiny_eval.md", "speed_anchors_bf16.md", "speed_anchors_bf16_vector.md", "speed_anchors_fp32.md",
-    "study_part1.md", "study_part2.md", "study_part3.md", "study_part4.md", "tiny_eval_peers.md", "train_step.md",
+    "speed_anchors_bf16.md", "speed_anchors_bf16_vector.md", "speed_anchors_fp32.md",
+    "study_part1.md", "study_part2.md", "study_part3.md", "study_part4.md", "train_step.md",
 }
 """Cited tables without the provenance line, 54 of 66 at the start (their text says the machine; `git log` the commit
 they came with)."""
@@ -73,8 +76,8 @@ def test_every_snapshot_is_whole():
 
 
 def test_the_snapshot_check_sees_a_pasted_table_and_a_bare_figure(tmp_path):
-    """The check above is not vacuous (no snapshot is committed yet): a hand-pasted table and a figure without its
-    sidecar are both reported, a stamped table with its sidecar is not."""
+    """The check above is not vacuous: a hand-pasted table and a figure without its sidecar are both reported, a
+    stamped table with its sidecar is not."""
     (tmp_path / "tables").mkdir()
     (tmp_path / "tables" / "made.md").write_text(f"{STAMP}abc*\n\n| a |\n")
     (tmp_path / "tables" / "made.csv").write_text("a\n")
@@ -83,3 +86,43 @@ def test_the_snapshot_check_sees_a_pasted_table_and_a_bare_figure(tmp_path):
     (tmp_path / "curve.png").write_bytes(b"png")
     assert sorted(snapshot_faults(tmp_path)) == [f"{tmp_path / 'curve.png'}: no sidecar",
                                                  f"{tmp_path / 'tables' / 'pasted.md'}: no provenance line"]
+
+
+SNAPSHOT = RESULTS / "tiny-eval"
+"""The committed snapshot docs/evaluation.md quotes and the notebook is tried on (`snakemake snapshot --configfile
+configs/tiny-eval.yaml`)."""
+
+
+def test_the_evaluation_page_quotes_its_snapshot():
+    """Every decimal in docs/evaluation.md's measured tables (between the sentence that names the snapshot and the
+    comparison with the earlier run) is a value of one of the snapshot's tables at the precision shown: a number
+    pasted from another run, or left standing when the snapshot changed, fails."""
+    text = (ROOT / "docs" / "evaluation.md").read_text()
+    section = text[text.index("Every number below is in"):text.index("**Re-made from nothing")]
+    quoted = [number for line in section.splitlines() if line.startswith("| ") and "---" not in line
+              for number in re.findall(r"(?<![\d,.])\d+\.\d+(?![\d,])", line.split("|", 2)[2])]
+    values = [float(value) for table in (SNAPSHOT / "tables").glob("*.csv")
+              for column in pd.read_csv(table).select_dtypes("number").columns
+              for value in pd.read_csv(table)[column].dropna()]
+    missing = [number for number in quoted
+               if not any(round(value, len(number.split(".")[1])) == float(number) for value in values)]
+    assert len(quoted) > 60 and not missing, missing
+
+
+def test_the_notebook_runs_top_to_bottom_on_a_committed_snapshot(tmp_path):
+    """notebooks/results.ipynb reads a snapshot as it reads results/<profile>/: every table of the profile shown, its
+    provenance listed."""
+    import papermill  # (the notebook extra: installed with the tests)
+
+    executed = tmp_path / "results.ipynb"
+    papermill.execute_notebook(str(ROOT / "notebooks" / "results.ipynb"), str(executed), cwd=str(ROOT),
+                               parameters={"results_dir": str(SNAPSHOT.relative_to(ROOT))}, kernel_name="python3",
+                               progress_bar=False)
+    shown = "".join(text if isinstance(text, str) else "".join(text)
+                    for cell in json.loads(executed.read_text())["cells"] for output in cell.get("outputs", [])
+                    for text in [*output.get("data", {}).values(), output.get("text", "")])
+    tables = sorted(SNAPSHOT.rglob("*.md"))
+    unshown = [str(table.relative_to(SNAPSHOT)) for table in tables if table.read_text().strip().splitlines()[-1]
+               not in shown]
+    assert len(tables) > 10 and not unshown, unshown
+    assert "git_commit" in shown and "no claims table" not in shown
