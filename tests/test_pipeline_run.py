@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from helpers import wandb_file
-from helpers.pipeline import job_counts, snakemake
+from helpers.pipeline import MINI, job_counts, snakemake, write_config
 
 from focus.pipeline.stamp import STAMP
 from focus.report.claims import BEYOND_THE_PAPER, CLAIMS
@@ -215,3 +215,18 @@ def test_the_snapshot_copies_every_table_and_figure_with_its_provenance(mini_run
     assert len(tables) > 10 and all(path.read_text().startswith(STAMP) for path in tables)
     assert all(path.with_suffix(".provenance.json").is_file() for path in files if path.suffix in (".csv", ".png"))
     assert all(path.read_bytes() == (results / path.relative_to(folder)).read_bytes() for path in files)
+
+
+def test_a_microbenchmark_of_benchmarks_runs_as_a_rule_and_is_stamped(tmp_path):
+    """`benchmarks/indexer_step.py` run by rule microbenchmark with the profile's arguments: its table where the rule
+    says, with the script's own provenance line (the command that re-makes it) and the rule's sidecar."""
+    config = json.loads(json.dumps(MINI))
+    config["microbenchmarks"] = {"indexer_step": {"args": "--lengths 512 --budgets 0.25 --repeats 2"}}
+    path = write_config(tmp_path, config)
+    snakemake(tmp_path, "results/mini/bench/indexer_step.csv", "--configfile", str(path))
+    bench = tmp_path / "results" / "mini" / "bench"
+    rows = pd.read_csv(bench / "indexer_step.csv")
+    assert list(rows["keys"]) == [512] and list(rows["budget"]) == [0.25] and (rows["native_speedup"] > 0).all()
+    assert (bench / "indexer_step.md").read_text().startswith(STAMP)  # (the script's line, naming its command)
+    record = json.loads((bench / "indexer_step.provenance.json").read_text())
+    assert record["rule"] == "microbenchmark" and record["profile"].startswith("mini@")

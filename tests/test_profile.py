@@ -293,6 +293,18 @@ BAD = {
         lambda c: c.update(variants={"v": {"window": 100, "train": {"seq_len": 64}}}),
         "models.smollm2 variant v: focus.window (100) must be < train.seq_len (64)",
     ),
+    "microbenchmark of a script benchmarks/ has not as a rule": (
+        lambda c: c.update(microbenchmarks={"recall_screen": {}}),
+        "microbenchmarks: 'recall_screen' is not one of ['indexer_step', 'indexer_prompt', 'indexer_generate'",
+    ),
+    "microbenchmark timing a variant the profile has not": (
+        lambda c: c.update(microbenchmarks={"indexer_generate": {"adapter": "indexer"}}),
+        "microbenchmarks.indexer_generate.adapter: 'indexer' names no variant of this profile ['focus']",
+    ),
+    "microbenchmark prompts from a corpus without validation": (
+        lambda c: c.update(microbenchmarks={"indexer_generate": {"tokens": "wikitext2"}}),
+        "microbenchmarks.indexer_generate.tokens: 'wikitext2' needs its validation split",
+    ),
     "window over the whole training row": (
         lambda c: c["focus"].update(window=512),
         "models.smollm2 variant focus: focus.window (512) must be < train.seq_len (512): a window over the whole row",

@@ -130,7 +130,19 @@ def resolve_profile(config: dict[str, Any], schema: dict[str, Any]) -> dict[str,
         profile["study"] = _study_dict(config["study"], variants, models, profile["perplexity"])
     if config.get("recall_screen") is not None:
         profile["recall_screen"] = _recall_screen_dict(config["recall_screen"], variants, models, config["data"])
+    _check_microbenchmarks(config.get("microbenchmarks") or {}, variants, config["data"])
     return profile
+
+
+def _check_microbenchmarks(section: dict[str, Any], variants: dict[str, Any], data: dict[str, Any]) -> None:
+    """Each microbenchmark's adapter is a variant of the profile, its tokens a corpus with a validation split."""
+    for name, bench in section.items():
+        if bench.get("adapter") is not None and bench["adapter"] not in variants:
+            raise ConfigError(f"microbenchmarks.{name}.adapter: {bench['adapter']!r} names no variant of this profile "
+                              f"{sorted(variants)}")
+        if bench.get("tokens") is not None and "validation" not in data["domains"].get(bench["tokens"], []):
+            raise ConfigError(f"microbenchmarks.{name}.tokens: {bench['tokens']!r} needs its validation split; list "
+                              f"it in data.domains.{bench['tokens']}")
 
 
 def _recall_screen_dict(section: dict[str, Any], variants: dict[str, Any], models: dict[str, Any],

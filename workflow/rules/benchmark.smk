@@ -50,3 +50,29 @@ if (BENCH or {}).get("decode"):
             gpu=BENCH_GPUS,
         script:
             "../scripts/bench_decode.py"
+
+
+if MICRO:
+
+    rule microbenchmark:
+        """A kernel microbenchmark of benchmarks/ (profile section `microbenchmarks`), its table stamped as every
+        rule's: `benchmarks/<name>.py --out results/<profile>/bench` with the section's arguments."""
+        conda:
+            ENVIRONMENT
+        input:
+            unpack(microbenchmark_inputs),
+        output:
+            csv=report(f"{R}/bench/{{name}}.csv", caption="../report/microbenchmark_table.rst", category="Speed"),
+            md=f"{R}/bench/{{name}}.md",
+        wildcard_constraints:
+            name="|".join(MICRO),
+        log:
+            f"{R}/logs/microbenchmark/{{name}}.log",
+        params:
+            script=microbenchmark_script,
+            args=microbenchmark_args,
+        threads: MACHINE_THREADS  # alone on the machine: timings are not shared with other jobs
+        resources:
+            gpu=one_gpu_if_any(P["models"][MODELS[0]]["eval_gpus"]),
+        script:
+            "../scripts/microbenchmark.py"

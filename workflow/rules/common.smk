@@ -246,6 +246,27 @@ def recall_routers():
             if spec.startswith("variant:") else spec for name, spec in RECALL["routers"].items()}
 
 
+MICRO = P.get("microbenchmarks") or {}  # kernel microbenchmarks of benchmarks/ (rule microbenchmark)
+for _name in MICRO:
+    TABLES[f"micro_{_name}"] = f"{R}/bench/{_name}.csv"
+
+
+def microbenchmark_inputs(wildcards):
+    """The trained adapter and the token file a microbenchmark times on, where its section names them (the profile's
+    first model's)."""
+    bench = MICRO[wildcards.name]
+    return {**({"adapter": f"{train_folder(MODELS[0], bench['adapter'])}/adapter"} if bench.get("adapter") else {}),
+            **({"tokens": tokens_file(MODELS[0], bench["tokens"])} if bench.get("tokens") else {})}
+
+
+def microbenchmark_args(wildcards):
+    return MICRO[wildcards.name].get("args", "")
+
+
+def microbenchmark_script(wildcards):
+    return f"{workflow.basedir}/benchmarks/{wildcards.name}.py"
+
+
 EVALUATION_TABLES = [name for name in ("benchmarks", "truthfulqa", "prompt_lengths", "lora", "long_context", "ruler")
                      if name in TABLES]
 TABLES.update(claims=f"{R}/tables/claims.csv")
