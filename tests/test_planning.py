@@ -14,6 +14,7 @@ from focus import FocusConfig, apply_focus
 from focus.attention import CallFacts, explain, plan
 from focus.attention.cache.decoding import FocusCache
 from focus.attention.dispatch.fast_path import fast_path
+from focus.attention.dispatch.kernel_table import KERNEL_TABLE
 from focus.attention.dispatch.planning import KERNELS, SCENARIOS, plan_table
 
 DOCS = Path(__file__).parents[1] / "docs" / "attention_plan.md"
@@ -24,6 +25,18 @@ def test_the_docs_table_is_the_plans_output():
     assert len(SCENARIOS) == len({situation for situation, *_ in SCENARIOS})
     kernels_shown = {line.split("`")[1] for line in DOCS.read_text().splitlines() if line.startswith("| ") and "`" in line}
     assert kernels_shown == set(KERNELS)  # every kernel has a row where it runs
+
+
+def test_the_docs_table_has_every_kernel_take_a_call_and_refuse_one():
+    """Each row of the kernel table computes some situation of docs/attention_plan.md, and each but the last resort
+    (the dense masked kernel, which takes every call) is refused in one, its reason printed there."""
+    base = FocusConfig(mode="hard", top_k=2, window=256, route_queries="query")
+    plans = [plan(base.replace(**changes), CallFacts(**facts, fast_path=switch))
+             for _, changes, facts, switch in SCENARIOS]
+    chosen = {chosen.kernel for chosen in plans}
+    refused = {name for chosen in plans for name, _ in chosen.declined}
+    assert {row.name for row in KERNEL_TABLE} <= chosen
+    assert {row.name for row in KERNEL_TABLE} - refused == {"dense_masked"}
 
 
 def test_explain_reads_a_models_shapes_device_and_config():

@@ -196,6 +196,10 @@ SCENARIOS = [  # (what the user does, FocusConfig changes from hard top-2 query 
     ("its decoding step, from the cached key codes (generate(), CPU)", {"selector": "indexer"},
      dict(queries=1, keys=4096, cache="native"), "auto"),
     ("its step, FocusCache(native=False)", {"selector": "indexer"}, dict(queries=1, keys=4096, cache="eager"), "auto"),
+    ("the indexer with a head kept dense (dense_heads=['l0h0'])", {"selector": "indexer", "dense_heads": ["l0h0"]},
+     dict(queries=4096, keys=4096, native_kernels=True), "auto"),
+    ("its step after the cache was cropped behind its key codes", {"selector": "indexer"},
+     dict(queries=1, keys=4096, cache="native", index_current=False), "auto"),
     ("the switch pinned to the oracle: fast_path('dense')", {}, dict(queries=4096, keys=4096), "dense"),
     ("fast_path('torch'), a FocusCache prompt", {}, dict(queries=4096, keys=4096, cache="native"), "torch"),
 ]
