@@ -101,9 +101,8 @@ def test_the_evaluation_page_quotes_its_snapshot():
     section = text[text.index("Every number below is in"):text.index("**Re-made from nothing")]
     quoted = [number for line in section.splitlines() if line.startswith("| ") and "---" not in line
               for number in re.findall(r"(?<![\d,.])\d+\.\d+(?![\d,])", line.split("|", 2)[2])]
-    values = [float(value) for table in (SNAPSHOT / "tables").glob("*.csv")
-              for column in pd.read_csv(table).select_dtypes("number").columns
-              for value in pd.read_csv(table)[column].dropna()]
+    frames = [pd.read_csv(table).select_dtypes("number") for table in (SNAPSHOT / "tables").glob("*.csv")]
+    values = [float(value) for frame in frames for column in frame.columns for value in frame[column].dropna()]
     missing = [number for number in quoted
                if not any(round(value, len(number.split(".")[1])) == float(number) for value in values)]
     assert len(quoted) > 60 and not missing, missing
