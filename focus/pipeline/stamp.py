@@ -53,7 +53,7 @@ def stamp_outputs(outputs: Iterable[str | Path], rule: str | None = None) -> dic
               "packages": package_versions(), "focus_version": __version__, "date": date, "command": command}
     made_by = f" by rule `{rule}`" if rule else ""
     line = (f"{STAMP}{commit[:12]}{'-dirty' if commit.endswith('-dirty') else ''}{made_by} for profile {profile} on "
-            f"{machine['gpu'] or cpu_name()}, {date}; re-make: `{command}`.*")
+            f"{machine['gpu'] or machine['cpu']}, {date}; re-make: `{command}`.*")
     for path in files:
         if path.suffix == ".md" and not (text := path.read_text()).startswith(STAMP):
             write_text(path, f"{line}\n\n{text}")

@@ -35,9 +35,9 @@ R = P["results"]
 # Every table and figure names the profile and the file it came from (focus.pipeline.stamp): the jobs read these.
 os.environ[PROFILE] = f"{P['name']}@{profile_hash(P)}"
 # The file as one types it where snakemake runs (Snakemake makes it absolute: a re-make command would name this machine).
-_PROFILE_PATH = Path(workflow.config_settings.configfiles[0]) if workflow.config_settings.configfiles else None
-os.environ[PROFILE_FILE] = ("configs/tiny.yaml" if _PROFILE_PATH is None
-                            else os.path.relpath(_PROFILE_PATH) if _PROFILE_PATH.is_relative_to(Path.cwd())
+_PROFILE_PATH = Path(workflow.config_settings.configfiles[0] if workflow.config_settings.configfiles
+                     else "configs/tiny.yaml")
+os.environ[PROFILE_FILE] = (os.path.relpath(_PROFILE_PATH) if _PROFILE_PATH.is_relative_to(Path.cwd())
                             else str(_PROFILE_PATH))
 # The software of every rule (scripts/install.sh builds the same environment as a venv). Its pip lines find the project
 # through FOCUS_ROOT wherever --use-conda copies the file (see environment.yml).

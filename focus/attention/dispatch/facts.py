@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from focus.attention.dispatch.fast_path import current_fast_path
+from focus.provenance import cpu_flags
 
 
 @dataclass(frozen=True)
@@ -100,11 +101,7 @@ def use_matrix_units(allowed: bool) -> Iterator[None]:
 def cpu_matrix_units() -> bool:
     """Whether this CPU has bfloat16 matrix units (AMX: Linux's `amx_bf16` flag), without building the native
     kernels (their `matrix_units()` asks oneDNN, the same answer where both can ask)."""
-    try:
-        with open("/proc/cpuinfo") as info:
-            return any(line.startswith("flags") and "amx_bf16" in line.split() for line in info)
-    except OSError:
-        return False
+    return "amx_bf16" in cpu_flags()
 
 
 @functools.cache
