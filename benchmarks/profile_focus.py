@@ -8,8 +8,9 @@ through a FocusCache beside the unmodified model through a GrowingCache (the sam
 The Focus code marks its parts (`focus/...` record_function labels): routing, index upkeep, the decomposition's
 local part, group sort, group part and merge, the decoding step's key selection; with --compile-step the native
 prompt's routing, band, segments, rectangles and merge. Writes
-<out>/profile_<tag>.md: per (length, phase, model) the wall time, the `focus/...` parts and the top operators by
-self CPU time, plus the group balance the index saw (largest group / mean group, per layer and head).
+<out>/profile_focus_<tag>.md: per (length, phase, model) the wall time, the `focus/...` parts and the top operators by
+self CPU time, plus the group balance the index saw (largest group / mean group, per layer and head); and
+<out>/profile_focus_<tag>.csv: one row per (length, phase, model, part), `wall` the whole call.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import platform
 import time
 from pathlib import Path
 
+import pandas as pd
 import torch
 from torch.profiler import ProfilerActivity, profile
 
@@ -56,7 +58,7 @@ def main() -> None:
               f"{torch.get_num_threads()} threads, {platform.processor() or platform.machine()}; adapter: "
               f"{args.adapter or 'k-means of the prompt (untrained)'}; top-k {args.top_k or 'of the adapter'}; "
               f"native step and prefill parts: {args.compile_step}; books validation prompts.\n")
-    sections = [header]
+    sections, rows = [header], []
     for length in args.lengths:
         ids = text[:length][None]
         with torch.no_grad():
@@ -76,6 +78,10 @@ def main() -> None:
             finally:
                 remove_focus(model)
         for phase in ("prefill", "step"):
+            for name, run in (("focus", focus), ("unmodified", base)):
+                rows += [{"length": length, "phase": phase, "model": name, "part": "wall", "calls": 1,
+                          "ms": run[phase]["seconds"] * 1e3},
+                         *({"length": length, "phase": phase, "model": name, **part} for part in run[phase]["rows"])]
             ratio = base[phase]["seconds"] / focus[phase]["seconds"]
             sections.append(f"## {length} tokens, {phase}: unmodified {base[phase]['seconds'] * 1e3:.1f} ms, Focus "
                             f"{focus[phase]['seconds'] * 1e3:.1f} ms ({ratio:.2f}x)\n")
@@ -86,7 +92,8 @@ def main() -> None:
                         f"key/value heads): median {balance[0]:.2f}, 90th percentile {balance[1]:.2f}, max "
                         f"{balance[2]:.2f}.\n")
         print("\n".join(sections[-6:]))
-    write_text(Path(args.out) / f"profile_{args.tag}.md", "\n".join(sections))
+    write_text(Path(args.out) / f"profile_focus_{args.tag}.md", "\n".join(sections))
+    write_text(Path(args.out) / f"profile_focus_{args.tag}.csv", pd.DataFrame(rows).to_csv(index=False))
 
 
 def _profiled(model, ids: torch.Tensor, cache) -> dict:
@@ -115,7 +122,8 @@ def _summary(prof, seconds: float) -> dict:
              for e in parts]
     table = "| part | calls | CPU time | of the wall time |\n|---|---:|---:|---:|\n" + "\n".join(lines)
     operators = averages.table(sort_by="self_cpu_time_total", row_limit=TOP, max_name_column_width=48)
-    return {"seconds": seconds, "table": operators, "parts": table if parts else "(none)"}
+    rows = [{"part": e.key, "calls": e.count, "ms": e.cpu_time_total / 1e3} for e in parts]
+    return {"seconds": seconds, "table": operators, "parts": table if parts else "(none)", "rows": rows}
 
 
 def _balance(cache: FocusCache) -> tuple[float, float, float]:

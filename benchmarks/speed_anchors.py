@@ -93,7 +93,7 @@ def main() -> None:
             kept = distant_attention_recall(model, prompt[:, :2048], batch_size=1)["kept"]
         remove_focus(model)
         for row in generate_rows(model, args.lengths, [(config.num_groups, config.window, top_k)], args.new_tokens,
-                                 adapter=args.adapter, prompt_ids=prompt, compile_step=True, rounds=args.rounds):
+                                 adapter=args.adapter, prompt_ids=prompt, native=True, rounds=args.rounds):
             prefill, step = pairs_kept(row["prompt"], config.window, config.sink_tokens, kept)
             rows.append({**row, "distant_kept": kept, "prefill_limit": 1 / prefill, "decode_limit": 1 / step,
                          "prefill_of_limit": row["prefill_attention_speedup"] * prefill,

@@ -5,23 +5,22 @@
 "Without Focus" is the frozen model with the gradient flowing back to its input embeddings, so the
 backward pass crosses every layer as it does when training centroids; "Focus soft" is a real
 centroid-training step (forward, backward, AdamW). Forward-only rows time inference (no grad).
-Medians over repeats after one warm-up; writes train_step.json and train_step.md.
+Medians over repeats after one warm-up; writes <out>/train_step.{csv,md}.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
 
+import pandas as pd
 import torch
 
 from focus import FocusConfig, apply_focus, focus_parameters, remove_focus, set_focus_mode
 from focus.data import load_corpus, tokenize_corpus
 from focus.models import PACKAGED_SMOLLM2, load_model
-from focus.provenance import provenance
 from focus.train.loop import next_token_loss
 
 
@@ -70,17 +69,12 @@ def main() -> None:
         rows[f"forward, Focus {mode}"] = median_seconds(forward, args.repeats)
     remove_focus(model)
 
-    record = {
-        "seq_len": args.seq_len,
-        "window": args.window,
-        "repeats": args.repeats,
-        "seconds": rows,
-        "provenance": provenance(),
-    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "train_step.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     base = rows["train step, unmodified (backward to inputs)"]
+    frame = pd.DataFrame({"what": list(rows), "seconds": list(rows.values())})
+    frame["vs_unmodified_train_step"] = frame["seconds"] / base
+    frame.to_csv(out / "train_step.csv", index=False)
     lines = [
         f"SmolLM2-135M-Instruct, batch 1 x {args.seq_len} tokens, float32, window {args.window}, "
         f"{torch.get_num_threads()} CPU threads, median of {args.repeats}",

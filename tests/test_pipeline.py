@@ -85,7 +85,8 @@ def test_the_screen_profiles_dry_run_their_designs(tmp_path):
     """The no-worse screen: its 16 designs trained on one GPU each and studied; the router screen: two trainings of
     the indexer (512- and 2K-token rows) and its recall screen with perplexity; the oracle floor: one design trained,
     scored, and screened beside the oracle; the GPU profile: the router screen and the speed rows on one GPU; the
-    peers: four training-free selectors beside the chosen design, on one GPU each."""
+    peers: four training-free selectors beside the chosen design, on one GPU each; the speed tables: the chosen
+    design's adapter timed by every speed rule."""
     result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "no_worse.yaml"), "-n")
     counts = job_counts(result.stdout)
     assert counts["train_focus"] == 16 and counts["study"] == 1 and counts["needle"] == 1 + 2 * 16
@@ -107,6 +108,12 @@ def test_the_screen_profiles_dry_run_their_designs(tmp_path):
     assert counts["peer"] == 4 and counts["train_focus"] == 1 and counts["peers_table"] == 1 and counts["ruler"] == 7
     assert_one_gpu_each(result.stdout, "train_focus", "perplexity", "peer", "long_context_perplexity", "needle",
                         "ruler")
+    # The CPU's speed tables: the chosen design trained once, then its adapter timed by every speed rule.
+    result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "speed.yaml"), "-n")
+    counts = job_counts(result.stdout)
+    assert counts["train_focus"] == 1 and counts["microbenchmark"] == 5 and counts["bench_decode"] == 1
+    decode = next(block for block in result.stdout.split("\n\n") if "rule bench_decode:" in block)
+    assert "input: results/speed/train/smollm2/mix50_kl10/adapter" in decode
 
 
 def assert_one_gpu_each(dry_run: str, *rules: str) -> None:

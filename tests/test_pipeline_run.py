@@ -219,12 +219,19 @@ def test_the_snapshot_copies_every_table_and_figure_with_its_provenance(mini_run
 
 def test_a_microbenchmark_of_benchmarks_runs_as_a_rule_and_is_stamped(tmp_path):
     """`benchmarks/indexer_step.py` run by rule microbenchmark with the profile's arguments: its table where the rule
-    says, with the script's own provenance line (the command that re-makes it) and the rule's sidecar."""
+    says, with the script's own provenance line (the command that re-makes it) and the rule's sidecar; and
+    `benchmarks/profile_focus.py` under an entry with its tag."""
     config = json.loads(json.dumps(MINI))
-    config["microbenchmarks"] = {"indexer_step": {"args": "--lengths 512 --budgets 0.25 --repeats 2"}}
+    config["microbenchmarks"] = {"indexer_step": {"args": "--lengths 512 --budgets 0.25 --repeats 2"},
+                                 "profile_focus_short": {"args": "--lengths 256 --top-k 1"}}
     path = write_config(tmp_path, config)
-    snakemake(tmp_path, "results/mini/bench/indexer_step.csv", "--configfile", str(path))
+    snakemake(tmp_path, "results/mini/bench/indexer_step.csv", "results/mini/bench/profile_focus_short.csv",
+              "--configfile", str(path))
     bench = tmp_path / "results" / "mini" / "bench"
+    # A script that takes --tag, run under the entry's name: its table is the entry's, stamped by the rule.
+    parts = pd.read_csv(bench / "profile_focus_short.csv")
+    assert set(parts["phase"]) == {"prefill", "step"} and set(parts["model"]) == {"focus", "unmodified"}
+    assert (bench / "profile_focus_short.md").read_text().startswith(STAMP)
     rows = pd.read_csv(bench / "indexer_step.csv")
     assert list(rows["keys"]) == [512] and list(rows["budget"]) == [0.25] and (rows["native_speedup"] > 0).all()
     assert (bench / "indexer_step.md").read_text().startswith(STAMP)  # (the script's line, naming its command)

@@ -12,7 +12,7 @@ import yaml
 
 from focus.config import ConfigError
 from focus.pipeline.methods import method_kind, method_variant, parse_peer_name, peer_name
-from focus.pipeline.profile import resolve_profile, with_base
+from focus.pipeline.profile import microbenchmark_script, resolve_profile, with_base
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = yaml.safe_load((ROOT / "workflow" / "schemas" / "config.schema.yaml").read_text())
@@ -174,6 +174,12 @@ def test_a_profile_includes_its_base_mappings_merged_its_own_values_first(tmp_pa
         with_base({"include": "nowhere.yaml"}, [tmp_path])
 
 
+def test_a_microbenchmarks_entry_names_its_script_and_the_tag_its_table_is_named_by():
+    assert microbenchmark_script("indexer_step") == ("indexer_step", None)
+    assert microbenchmark_script("speed_anchors_fp32") == ("speed_anchors", "fp32")
+    assert microbenchmark_script("profile_focus_native_top2") == ("profile_focus", "native_top2")
+
+
 def test_method_variant():
     assert method_variant("pretrained") is None and method_variant("full_finetune") is None
     assert method_variant("focus-hard") == ("focus", "hard")
@@ -295,7 +301,17 @@ BAD = {
     ),
     "microbenchmark of a script benchmarks/ has not as a rule": (
         lambda c: c.update(microbenchmarks={"recall_screen": {}}),
-        "microbenchmarks: 'recall_screen' is not one of ['indexer_step', 'indexer_prompt', 'indexer_generate'",
+        "microbenchmarks: 'recall_screen' is not a script of benchmarks/ that rule microbenchmark runs",
+    ),
+    "microbenchmark of a tagged script without its tag": (
+        lambda c: c.update(microbenchmarks={"speed_anchors": {}}),
+        "microbenchmarks: 'speed_anchors' is not a script of benchmarks/ that rule microbenchmark runs (indexer_step, "
+        "indexer_prompt, indexer_generate, train_step, matrix_units, speed_anchors_<tag>, profile_focus_<tag>)",
+    ),
+    "decoding benchmark timing a variant the profile has not": (
+        lambda c: c.update(benchmark={"lengths": [64], "settings": [[4, 16, 1]], "model": "smollm2",
+                                      "decode": {"cache_lengths": [64], "settings": [[4, 16, 1]], "variant": "x"}}),
+        "benchmark.decode.variant: 'x' names no variant of this profile ['focus']",
     ),
     "microbenchmark timing a variant the profile has not": (
         lambda c: c.update(microbenchmarks={"indexer_generate": {"adapter": "indexer"}}),

@@ -111,6 +111,13 @@ def resolve_profile(config: dict[str, Any], schema: dict[str, Any]) -> dict[str,
     if bench and bench.get("model") is not None and bench["model"] not in models:
         raise ConfigError(f"benchmark.model: {bench['model']!r} is not one of this profile's models {sorted(models)}")
     decode = (bench or {}).get("decode") or {}
+    if decode.get("variant") is not None:
+        if decode["variant"] not in variants:
+            raise ConfigError(f"benchmark.decode.variant: {decode['variant']!r} names no variant of this profile "
+                              f"{sorted(variants)}")
+        if bench.get("model") is None or decode.get("adapter") is not None:
+            raise ConfigError("benchmark.decode.variant: times that variant's adapter in benchmark.model's generate(); "
+                              "name the model, and no adapter beside it")
     for where, settings in (("settings", (bench or {}).get("settings", [])),
                             ("prefill_settings", (bench or {}).get("prefill_settings", [])),
                             ("decode.settings", decode.get("settings", [])),
@@ -134,9 +141,30 @@ def resolve_profile(config: dict[str, Any], schema: dict[str, Any]) -> dict[str,
     return profile
 
 
+MICROBENCHMARKS = {"indexer_step": False, "indexer_prompt": False, "indexer_generate": False, "train_step": False,
+                   "matrix_units": False, "speed_anchors": True, "profile_focus": True}
+"""The scripts of benchmarks/ that rule microbenchmark runs: each writes `<out>/<name>.{csv,md}`; True where the
+script takes `--tag` and writes `<out>/<script>_<tag>.{csv,md}` (a profile times it several ways, one tag each)."""
+
+
+def microbenchmark_script(name: str) -> tuple[str, str | None]:
+    """(script, tag) of a `microbenchmarks` entry: `indexer_step` runs benchmarks/indexer_step.py; `speed_anchors_fp32`
+    runs benchmarks/speed_anchors.py with `--tag fp32` (the entry's name is the table's name)."""
+    if MICROBENCHMARKS.get(name) is False:
+        return name, None
+    for script, tagged in MICROBENCHMARKS.items():
+        if tagged and name.startswith(f"{script}_"):
+            return script, name.removeprefix(f"{script}_")
+    names = ", ".join(script + ("_<tag>" if tagged else "") for script, tagged in MICROBENCHMARKS.items())
+    raise ConfigError(f"microbenchmarks: {name!r} is not a script of benchmarks/ that rule microbenchmark runs "
+                      f"({names})")
+
+
 def _check_microbenchmarks(section: dict[str, Any], variants: dict[str, Any], data: dict[str, Any]) -> None:
-    """Each microbenchmark's adapter is a variant of the profile, its tokens a corpus with a validation split."""
+    """Each microbenchmark names a script (and its tag), its adapter is a variant of the profile, its tokens a corpus
+    with a validation split."""
     for name, bench in section.items():
+        microbenchmark_script(name)
         if bench.get("adapter") is not None and bench["adapter"] not in variants:
             raise ConfigError(f"microbenchmarks.{name}.adapter: {bench['adapter']!r} names no variant of this profile "
                               f"{sorted(variants)}")

@@ -32,6 +32,8 @@ if (BENCH or {}).get("decode"):
         step and a model's generate()."""
         conda:
             ENVIRONMENT
+        input:
+            unpack(bench_decode_inputs),
         output:
             steps=report(f"{R}/bench/decode_step.csv", caption="../report/bench_decode_table.rst", category="Speed"),
             steps_md=f"{R}/bench/decode_step.md",
@@ -56,7 +58,8 @@ if MICRO:
 
     rule microbenchmark:
         """A kernel microbenchmark of benchmarks/ (profile section `microbenchmarks`), its table stamped as every
-        rule's: `benchmarks/<name>.py --out results/<profile>/bench` with the section's arguments."""
+        rule's: `benchmarks/<script>.py --out results/<profile>/bench` with the section's arguments (and `--tag`
+        where the entry's name is `<script>_<tag>`)."""
         conda:
             ENVIRONMENT
         input:
@@ -69,7 +72,7 @@ if MICRO:
         log:
             f"{R}/logs/microbenchmark/{{name}}.log",
         params:
-            script=microbenchmark_script,
+            script=microbenchmark_path,
             args=microbenchmark_args,
         threads: MACHINE_THREADS  # alone on the machine: timings are not shared with other jobs
         resources:

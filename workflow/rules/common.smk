@@ -8,7 +8,7 @@ import yaml
 
 from focus.config import ConfigError
 from focus.pipeline.methods import FULL_FINETUNE, method_variant, parse_peer_name
-from focus.pipeline.profile import resolve_profile, training_rows, with_base
+from focus.pipeline.profile import microbenchmark_script, resolve_profile, training_rows, with_base
 from focus.pipeline.slurm import wait_for_earlier_jobs
 from focus.pipeline.stamp import PROFILE, PROFILE_FILE, profile_hash
 
@@ -260,11 +260,12 @@ def microbenchmark_inputs(wildcards):
 
 
 def microbenchmark_args(wildcards):
-    return MICRO[wildcards.name].get("args", "")
+    tag = microbenchmark_script(wildcards.name)[1]
+    return MICRO[wildcards.name].get("args", "") + (f" --tag {tag}" if tag else "")
 
 
-def microbenchmark_script(wildcards):
-    return f"{workflow.basedir}/benchmarks/{wildcards.name}.py"
+def microbenchmark_path(wildcards):
+    return f"{workflow.basedir}/benchmarks/{microbenchmark_script(wildcards.name)[0]}.py"
 
 
 EVALUATION_TABLES = [name for name in ("benchmarks", "truthfulqa", "prompt_lengths", "lora", "long_context", "ruler")
@@ -343,6 +344,12 @@ def lora_training(wildcards):
 
 def lora_cell(wildcards):
     return LORA["grid"][wildcards.lora]
+
+
+def bench_decode_inputs(wildcards):
+    """The trained adapter bench_decode's generate() times, where `benchmark.decode.variant` names it."""
+    variant = BENCH["decode"].get("variant")
+    return {"adapter": f"{train_folder(BENCH['model'], variant)}/adapter"} if variant else {}
 
 
 def bench_model_source(wildcards):
