@@ -15,36 +15,48 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 STAMP = "*Made at commit "
 
 LEGACY = {
-    "attention_cpu.md", "decode_step_blocked_fp32.md", "decode_step_cpu.md", "decode_step_default_fp32.md",
-    "decode_step_kvhead_fp32.md", "decode_step_native_fp32.md", "decode_step_native_long.md",
-    "decode_step_prompt_fp32.md", "decode_step_trained_fp32.md", "flex_attention.md", "forgetting_screen_test.md",
-    "forgetting_screen_validation.md", "generate_blocked_fp32.md", "generate_cpu.md", "generate_default_fp32.md",
-    "generate_native_prefill_fp32.md", "generate_once_fp32.md", "generate_prompt_fp32.md", "generate_rr25_fp32.md",
-    "matrix_units.md", "no_worse_lengths.md", "no_worse_lengths_validation.md", "no_worse_screen2_validation.md",
-    "no_worse_screen3_validation.md", "no_worse_screen4_validation.md", "no_worse_test.md",
-    "no_worse_top1_validation.md", "no_worse_validation.md", "oracle_selection_floor_validation.md",
+    "attention_cpu.md", "decode_step_native_long.md", "flex_attention.md", "forgetting_screen_test.md",
+    "forgetting_screen_validation.md", "matrix_units.md", "no_worse_lengths.md", "no_worse_lengths_validation.md",
+    "no_worse_screen2_validation.md", "no_worse_screen3_validation.md", "no_worse_screen4_validation.md",
+    "no_worse_test.md", "no_worse_top1_validation.md", "no_worse_validation.md", "oracle_selection_floor_validation.md",
     "oracle_selection_part4.md", "passkey_peers.md", "peers.md", "peers_against_mix50_kl10.md",
-    "peers_against_mix50_kl10_top1.md", "prefill_cpu.md", "profile_cpu.md", "profile_native_top2.md",
-    "profile_native_top2_2048.md", "routing_screen_512.md", "routing_screen_shapes_wikitext2.md",
-    "ruler_screen_no_worse.md", "ruler_screen_peers.md", "ruler_screen_peers_4k.md", "ruler_screen_screen.md",
-    "speed_anchors_bf16.md", "speed_anchors_bf16_vector.md", "speed_anchors_fp32.md",
+    "peers_against_mix50_kl10_top1.md", "prefill_cpu.md", "profile_native_top2.md", "routing_screen_512.md",
+    "routing_screen_shapes_wikitext2.md", "ruler_screen_no_worse.md", "ruler_screen_peers.md",
+    "ruler_screen_peers_4k.md", "ruler_screen_screen.md", "speed_anchors_bf16.md", "speed_anchors_fp32.md",
     "study_part1.md", "study_part2.md", "study_part3.md", "study_part4.md", "train_step.md",
 }
 """Cited tables without the provenance line, 54 of 66 at the start (their text says the machine; `git log` the commit
 they came with)."""
 
 
-def cited_names() -> set[str]:
-    """Every file name of benchmarks/results a page names: `benchmarks/results/NAME`, `benchmarks/results/STEM.{csv,md}`
-    or a bare `NAME.md` / `.csv` / `.png` / `.svg` that is there (a page that names a table by its name alone)."""
-    names = set()
-    for page in PAGES:
-        text = page.read_text()
-        for stem, braces in re.findall(r"benchmarks/results/([\w\-/]+)\.\{([\w,]+)\}", text):
-            names |= {f"{stem}.{ext}" for ext in braces.split(",")}
-        names |= {name for name in re.findall(r"[\w\-]+\.(?:md|csv|png|svg)\b", text) if (RESULTS / name).exists()}
-        names |= set(re.findall(r"benchmarks/results/([\w\-/]+\.(?:md|csv|png|svg|json))\b", text))
+BRACES = re.compile(r"([\w\-/.]*)\{([\w,]+)\}([\w\-]*\.(?:md|csv|png|svg|json)\b)?")
+"""A brace form, `STEM.{csv,md}` or `STEM_{fp32,bf16}.md`: what comes before the braces, the alternatives, the rest."""
+
+
+def names_in(text: str, results: Path = RESULTS) -> set[str]:
+    """The file names of `results` that `text` names: `benchmarks/results/NAME` and its brace forms
+    (`benchmarks/results/STEM.{csv,md}`), whether or not the file is there; a bare `NAME.md` / `.csv` / `.png` / `.svg`
+    or brace form (`generate_{fp32,bf16}.md`) that is there (a page that names a table by its name alone)."""
+    names = set(re.findall(r"benchmarks/results/([\w\-/]+\.(?:md|csv|png|svg|json))\b", text))
+    names |= {name for name in re.findall(r"[\w\-]+\.(?:md|csv|png|svg)\b", text) if (results / name).exists()}
+    for head, alternatives, tail in BRACES.findall(text):
+        _, folder, stem = head.rpartition("benchmarks/results/")
+        expanded = {f"{stem}{alternative}{tail}" for alternative in alternatives.split(",")}
+        names |= expanded if folder else {name for name in expanded if (results / name).exists()}
     return names
+
+
+def cited_names() -> set[str]:
+    """Every file name of benchmarks/results that README or a page of docs/ names (`names_in`)."""
+    return {name for page in PAGES for name in names_in(page.read_text())}
+
+
+def test_a_brace_form_is_cited_with_or_without_its_folder(tmp_path):
+    """A brace form with the folder names its files even when they are gone; a bare one names those that are there."""
+    for name in ("generate_fp32.md", "generate_bf16.md", "table.md"):
+        (tmp_path / name).write_text("")
+    text = "`benchmarks/results/gone.{csv,md}`, `generate_{fp32,bf16,int8}.md`, `table.{csv,md}`, `x_{m + D/2}`"
+    assert names_in(text, tmp_path) == {"gone.csv", "gone.md", "generate_fp32.md", "generate_bf16.md", "table.md"}
 
 
 def test_every_cited_result_is_committed():

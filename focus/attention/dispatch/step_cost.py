@@ -2,8 +2,8 @@
 sparse step (the keys of the query's groups, read through the group lists) or the native step (one C++ call).
 
 The three give the same output (`focus.attention.cache.decoding`, `focus.attention.native`); what differs is their
-cost, modelled here from one-layer measurements on 2 CPU cores (`benchmarks/results/decode_step_*.md`; the numbers
-behind each constant are in docs/decoding.md, "Where the step constants come from").
+cost, modelled here from one-layer measurements on 2 CPU cores (bench_decode's `decode_step` tables; the numbers behind
+each constant and the builds that measured them are in docs/decoding.md, "Where the step constants come from").
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import math
 
 SPARSE_KEY_COST = 3.0
 """A key a sparse step reads (gathered, scored by a small GEMM, its value summed by a bag) costs about this many keys
-that a masked step reads in place (fitted on `benchmarks/results/decode_step_kvhead_fp32.md`)."""
+that a masked step reads in place (fitted on `decode_step_kvhead_fp32.md` of commit ecf8a37, an AMD EPYC)."""
 
 SPARSE_STEP_FIXED_KEYS = 2800
 """The fixed cost of a sparse step (selecting its keys through the group lists, keeping the lists up to date), in keys
