@@ -5,8 +5,9 @@
 #
 #   bash scripts/gpu_lease.sh prepare            # here: .lease/part.NN, each small enough to travel beside the repo
 #   bash scripts/gpu_lease.sh receive            # there, one call per part, carry [".lease/manifest", ".lease/part.NN"]
-#   bash scripts/gpu_lease.sh run                # there, once every part arrived: the profile's compute jobs -> $OUT
-#                                                # (SNAKEMAKE_EXTRA=-n: its plan first; LIMIT: seconds, default 540)
+#   bash scripts/gpu_lease.sh run                # there, once every part arrived: the GPU tests, then the profile's
+#                                                # computing jobs, their results into $OUT (SNAKEMAKE_EXTRA=-n: the
+#                                                # plan only; LIMIT: seconds for the jobs, default 540; GPU_TESTS=0)
 #   bash scripts/gpu_lease.sh unpack FOLDER      # here: the results that came back into results/<profile>/
 #
 # then, here, `snakemake --cores all --configfile configs/gpu.yaml` makes the tables, figures and report from them
@@ -100,9 +101,13 @@ run() {
   export PYTHONPATH="$STORE/site:$STORE/payload:$PWD" FOCUS_DATA_MIRROR="$STORE/payload/data" \
     FOCUS_CACHE="$STORE/cache" HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=offline PYTHONUNBUFFERED=1
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
+  set +e
+  # The GPU checks first (tests/test_gpu.py: every CUDA path against the dense masked reference), a minute or two.
+  if [ "${GPU_TESTS:-1}" = 1 ]; then
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py 2>&1 | tail -n 40 | tee "${OUT:-/tmp}/gpu_tests.log"
+  fi
   # The jobs that compute (not the tables, figures, report and notebook: those run here after `unpack`), several at
   # once on the one GPU (its memory holds them; each job sees cuda:0).
-  set +e
   timeout "$limit" python3 -m snakemake --cores "$(nproc)" --resources gpu="${GPU_SLOTS:-4}" --scheduler greedy \
     --configfile "$PROFILE" --until tokenize train_focus perplexity peer recall_screen bench_attention bench_decode \
     --keep-going ${SNAKEMAKE_EXTRA:-} 2>&1 | grep -v "it/s\]" | tee "${OUT:-/tmp}/lease.log"
@@ -119,8 +124,20 @@ run() {
 
 unpack() {
   local folder=${1:?"unpack FOLDER: the folder the device's files came back in"}
+  local name
+  name=$(profile_name)
   cat "$folder"/results.tgz.* | tar -xzf - -C .
-  echo "unpacked into results/$(profile_name)/; the lease's log: $folder/lease.log"
+  # Snakemake re-runs a script's job whose script is newer than its outputs: this checkout may be younger than the
+  # lease's results, so they move to now, in the order the jobs made them.
+  python3 - "results/$name" <<'PY'
+import os, sys, time
+from pathlib import Path
+now = time.time()
+files = sorted((path for path in Path(sys.argv[1]).rglob("*") if path.is_file()), key=lambda path: path.stat().st_mtime)
+for rank, path in enumerate(files):
+    os.utime(path, (now + rank * 1e-3,) * 2)
+PY
+  echo "unpacked into results/$name/ (the lease's logs: $folder/lease.log, $folder/gpu_tests.log)"
 }
 
 case "${1:-}" in

