@@ -254,7 +254,8 @@ def test_the_screen_stage_writes_its_tables_figures_and_provenance(tmp_path):
     recall_screen("tiny:llama", "float32", {"loki": "indexer:4:kv_head", "groups": "centroids"}, {"corpus": tokens},
                   tokens, seq_len=32, calibration_rows=2, window=8, split="validation", lengths=[32, 48], rows=2,
                   shares=[0.2, 0.5], keys=[8], last_queries=16, stem=stem, command="snakemake tables/recall_screen.csv",
-                  ppl_shares=[0.5], ppl_rows=2, ppl_routers=["loki"])
+                  ppl_shares=[0.5], ppl_rows=2, ppl_routers=["loki"],
+                  figure=tmp_path / "figures" / "recall_screen.png")  # (where the rule asks: beside the figures)
     import pandas as pd
 
     scored = pd.read_csv(stem.parent / "recall_screen_perplexity.csv")  # the router asked for, and the oracle
@@ -268,9 +269,10 @@ def test_the_screen_stage_writes_its_tables_figures_and_provenance(tmp_path):
     assert (frame["recall"] <= frame["oracle_recall"] + 1e-9).all()
     first = stem.with_suffix(".md").read_text().splitlines()[0]
     assert first.startswith("*Made at commit ") and "re-make: `snakemake tables/recall_screen.csv`" in first
-    for name in ("recall_screen.png", "recall_screen_layers.png", "recall_screen_layers.csv",
-                 "recall_screen.provenance.json"):
+    for name in ("recall_screen_layers.csv", "recall_screen.provenance.json"):
         assert (stem.parent / name).stat().st_size > 0, name
+    for name in ("recall_screen.png", "recall_screen.svg", "recall_screen_layers.png", "recall_screen_layers.svg"):
+        assert (tmp_path / "figures" / name).stat().st_size > 0, name
 
 
 def test_the_screen_scores_perplexity_at_a_count_of_keys_from_its_long_lengths():

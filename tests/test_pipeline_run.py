@@ -217,6 +217,20 @@ def test_the_snapshot_copies_every_table_and_figure_with_its_provenance(mini_run
     assert all(path.read_bytes() == (results / path.relative_to(folder)).read_bytes() for path in files)
 
 
+def test_the_recall_screen_runs_as_a_rule_its_figures_where_the_rule_says(tmp_path):
+    """Rule recall_screen for real on the tiny model (no profile had run it as a rule: its figures went beside its
+    tables, and Snakemake threw its half hour of work away)."""
+    config = json.loads(json.dumps(MINI))
+    config["recall_screen"] = {"model": "tiny-qwen2", "domains": ["books"], "lengths": [128], "rows": 1,
+                               "shares": [0.5], "routers": {"groups": "centroids", "quest": "quest"}}
+    path = write_config(tmp_path, config)
+    snakemake(tmp_path, "results/mini/tables/recall_screen.csv", "--configfile", str(path))
+    results = tmp_path / "results" / "mini"
+    assert set(pd.read_csv(results / "tables" / "recall_screen.csv")["router"]) == {"groups", "quest"}
+    for name in ("recall_screen.png", "recall_screen.svg", "recall_screen_layers.png", "recall_screen_layers.svg"):
+        assert (results / "figures" / name).stat().st_size > 0, name
+
+
 def test_a_microbenchmark_of_benchmarks_runs_as_a_rule_and_is_stamped(tmp_path):
     """`benchmarks/indexer_step.py` run by rule microbenchmark with the profile's arguments: its table where the rule
     says, with the script's own provenance line (the command that re-makes it) and the rule's sidecar; and

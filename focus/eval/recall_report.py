@@ -65,13 +65,13 @@ def _finish(fig, axes, ylabel: str, figure: str | Path) -> None:
 
 
 def write_recall_tables(found: list[dict], layers: list[dict], scored: list[dict], stem: str | Path, header: str,
-                        command: str, commit: str | None = None) -> None:
+                        command: str, commit: str | None = None, figure: str | Path | None = None) -> None:
     """The screen's record: <stem>.csv (per router, corpus, length and budget), <stem>_layers.csv (per layer),
     <stem>_perplexity.csv (per router, corpus, length and budget, where `scored`), <stem>.md (the table, the
     perplexities when measured, `header` and the provenance line naming `command` and `commit`, the one the run
     started at),
-    <stem>.provenance.json and the figures <stem>.png / .svg (`plot_recall`) and <stem>_layers.png / .svg
-    (`plot_recall_layers`)."""
+    <stem>.provenance.json and the figures `figure` (default <stem>.png; and .svg: `plot_recall`) and
+    <figure stem>_layers.png / .svg (`plot_recall_layers`)."""
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     frame = pd.DataFrame(found)
@@ -87,5 +87,6 @@ def write_recall_tables(found: list[dict], layers: list[dict], scored: list[dict
     write_text(stem.with_suffix(".md"), text)
     write_json(stem.with_suffix(".provenance.json"), {**provenance(), **({"git_commit": commit} if commit else {}),
                                                       "command": command})
-    plot_recall(frame, stem.with_suffix(".png"))
-    plot_recall_layers(pd.DataFrame(layers), stem.parent / f"{stem.name}_layers.png")
+    figure = Path(figure) if figure is not None else stem.with_suffix(".png")
+    plot_recall(frame, figure)
+    plot_recall_layers(pd.DataFrame(layers), figure.parent / f"{figure.stem}_layers.png")

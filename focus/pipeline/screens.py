@@ -36,13 +36,14 @@ def recall_screen(
     ppl_keys: Sequence[int] = (),
     ppl_rows: int = 8,
     ppl_routers: Sequence[str] | None = None,
+    figure: str | Path | None = None,
 ) -> None:
     """Screen `routers` ({name: spec}; `adapter:FOLDER` for a trained variant) of `source` on the `split` of each
     corpus in `tokens` ({corpus: prepare_tokens file}), calibrated on the first `calibration_rows` rows of
     `seq_len` of `train_tokens`' train split (what a training job starts from), and score their perplexity at
     `ppl_shares` / `ppl_keys` on `ppl_rows` rows (`ppl_routers`, default every selecting one; the oracle's too on a
-    validation split); writes `stem`.csv / .md /
-    _layers.csv / .png (`focus.report.recall.write_recall_tables`) once every corpus and length is measured."""
+    validation split); writes `stem`.csv / .md / _layers.csv and the figures (`figure`, default `stem`.png;
+    `focus.eval.recall_report.write_recall_tables`) once every corpus and length is measured."""
     commit = git_commit()  # the checkout may move on while the screen runs
     torch.manual_seed(0)
     model, _ = load_model(source, _DTYPES[dtype], inference_device())
@@ -57,4 +58,4 @@ def recall_screen(
               "heaviest distant keys' mass at the same count per query, of_oracle = their ratio, kept = the share of "
               f"distant pairs. Budgets: shares of each query's distant keys below 4K tokens, keys per query from 4K "
               f"(the last {last_queries} queries of each row); {rows} rows per corpus and length.")
-    write_recall_tables(found, layers, scored, stem, header, command, commit)
+    write_recall_tables(found, layers, scored, stem, header, command, commit, figure)

@@ -15,5 +15,6 @@ recall_screen(
     train_tokens=snakemake.input.train_tokens,
     **snakemake.params.settings,
     stem=snakemake.output.csv.removesuffix(".csv"),
+    figure=snakemake.output.figure,  # (figures/, beside the profile's other figures)
     command=f"snakemake {snakemake.output.csv} --configfile {os.environ.get(PROFILE_FILE, '<profile>')}",
 )
