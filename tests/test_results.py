@@ -40,9 +40,9 @@ def names_in(text: str, results: Path = RESULTS) -> set[str]:
     names = set(re.findall(r"benchmarks/results/([\w\-/]+\.(?:md|csv|png|svg|json))\b", text))
     names |= {name for name in re.findall(r"[\w\-]+\.(?:md|csv|png|svg)\b", text) if (results / name).exists()}
     for head, alternatives, tail in BRACES.findall(text):
-        _, folder, stem = head.rpartition("benchmarks/results/")
+        _, in_results, stem = head.rpartition("benchmarks/results/")  # (in_results: the folder, or "" when bare)
         expanded = {f"{stem}{alternative}{tail}" for alternative in alternatives.split(",")}
-        names |= expanded if folder else {name for name in expanded if (results / name).exists()}
+        names |= expanded if in_results else {name for name in expanded if (results / name).exists()}
     return names
 
 
