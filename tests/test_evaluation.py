@@ -181,6 +181,17 @@ def test_claims_report_lists_every_claim_of_the_paper():
     assert (frame["verdict"] == UNTESTED).all()
 
 
+def test_a_claim_on_the_training_domain_is_untested_where_that_domain_was_not_scored():
+    """configs/speed.yaml trains on the novels and scores WikiText-2 alone: its speed is measured, its domain not."""
+    ppl = pd.DataFrame({"model": ["m"] * 4, "domain": ["wikitext2"] * 4, "perplexity": [31.0, 34.0, 31.6, 30.0],
+                        "method": ["pretrained", "focus-soft", "focus-hard", "full_finetune"]})
+    prefill = pd.DataFrame({"length": [4096, 8192], "top_k": [1, 1], "speedup": [1.2, 1.5]})
+    verdicts = judge_claims({"main_model": "m", "train_domain": "books", "perplexity": ppl,
+                             "speed_prefill": prefill}).set_index("claim")["verdict"]
+    assert verdicts["hard top-k inference"] == verdicts["124M model, domain perplexity"] == UNTESTED
+    assert verdicts["downstream benchmarks after retrofit"] == FAILS  # (judged on the other domain, as measured)
+
+
 def _perplexity_records(folder: Path, shifts: dict[str, dict[str, float]], kept: dict[str, float]) -> list[Path]:
     """Perplexity records of one model on two domains: pretrained's window NLLs, each method's shifted per domain
     (with a little per-window noise, so that paired intervals have a width)."""
