@@ -13,7 +13,8 @@ import math
 
 SPARSE_KEY_COST = 3.0
 """A key a sparse step reads (gathered, scored by a small GEMM, its value summed by a bag) costs about this many keys
-that a masked step reads in place (fitted on `decode_step_kvhead_fp32.md` of commit ecf8a37, an AMD EPYC)."""
+that a masked step reads in place (fitted on the one-layer key/value-head step table of commit ecf8a37, an AMD EPYC;
+docs/decoding.md)."""
 
 SPARSE_STEP_FIXED_KEYS = 2800
 """The fixed cost of a sparse step (selecting its keys through the group lists, keeping the lists up to date), in keys
