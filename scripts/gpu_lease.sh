@@ -59,12 +59,11 @@ for domain, splits in profile["data"]["domains"].items():
             print(pathlib.Path(location).relative_to(sys.argv[2]))
 PY
   # The wheels of Snakemake, W&B and gguf at this environment's versions, less what the image has.
-  local pins
-  pins=$("$python" -c 'from importlib.metadata import version as v; print(" ".join(f"{n}=={v(n)}" for n in ("snakemake", "wandb", "gguf")))')
-  "$python" -m pip wheel -q --no-deps -w "$build/sdist" connection_pool==0.0.3  # (no wheel on PyPI)
+  pins() { "$python" -c 'import sys; from importlib.metadata import version; print(" ".join(f"{n}=={version(n)}" for n in sys.argv[1:]))' "$@"; }
+  "$python" -m pip wheel -q --no-deps -w "$build/sdist" $(pins connection_pool)  # (Snakemake's; no wheel on PyPI)
   "$python" -m pip download -q --only-binary=:all: --python-version "$PYTHON_TAG" --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    --find-links "$build/sdist" -d "$build/payload/wheels" $pins
+    --find-links "$build/sdist" -d "$build/payload/wheels" $(pins snakemake wandb gguf)
   for name in $ON_THE_IMAGE; do rm -f "$build/payload/wheels/$name"-[0-9]*.whl; done
   tar -czf "$build/payload.tar.gz" -C "$build/payload" .
   rm -f "$LEASE"/part.*
