@@ -292,6 +292,37 @@ def test_the_screen_scores_perplexity_at_a_count_of_keys_from_its_long_lengths()
     assert all(row["rows"] == 2 for row in scored)
 
 
+def test_groups_named_for_perplexity_are_scored_at_their_own_pattern_beside_the_oracle_at_its_count():
+    """The groups keep top-k, not a budget: named in `ppl_routers`, the screen scores them at their hard pattern (the
+    perplexity the model gives in hard mode, computed here directly) and the oracle keeping as many distant pairs per
+    row; the pattern's kept share is the budget of both, and the oracle keeps more of the distant mass."""
+    from focus.eval.paired import paired_ratio
+    from focus.eval.perplexity import row_losses
+    from focus.eval.router_screen import screen_routers
+    from focus.retrofit import focus_disabled
+
+    model = tiny_llama()
+    ids = torch.randint(3, 128, (4096,), generator=torch.Generator().manual_seed(3))
+    calibration = ids[:64].view(2, 32)
+    _, _, scored = screen_routers(model, {"groups": "centroids"}, {"corpus": ids}, [32], 2, [0.3], window=8,
+                                  calibration=calibration, ppl_rows=3, ppl_routers=["groups"])
+    rows = {row["router"]: row for row in scored}
+    assert sorted(rows) == ["groups", "oracle"]
+    assert {row["budget_kind"] for row in scored} == {"pattern"} and {row["pattern"] for row in scored} == {"groups"}
+    assert rows["groups"]["budget"] == rows["oracle"]["budget"] and 0 < rows["groups"]["budget"] < 1
+    assert rows["groups"]["recall"] < rows["oracle"]["recall"] <= 1
+    assert rows["groups"]["ppl"] != rows["oracle"]["ppl"]
+
+    apply_focus(model, FocusConfig(window=8, mode="hard"), calibration_ids=calibration)  # the same k-means groups
+    block = ids[: 3 * 32].view(3, 32)
+    losses = row_losses(model, block, batch_size=1)
+    with focus_disabled(model):
+        pretrained = row_losses(model, block, batch_size=1)
+    assert rows["groups"]["ppl"] == pytest.approx(math.exp(float(losses.mean())), rel=1e-5)
+    assert rows["groups"]["vs_pretrained"] == pytest.approx(paired_ratio(losses.tolist(), pretrained.tolist())[0],
+                                                            abs=1e-6)
+
+
 def test_a_rank_above_the_head_size_is_refused_before_the_model_is_touched():
     model = tiny_llama()  # head size 8
     with pytest.raises(ValueError, match="indexer_rank 9 exceeds the head size 8"):

@@ -12,11 +12,14 @@ A router is named by a spec (`build_router`), so that a profile, a command line 
 and the oracle's at the same count (`focus.eval.recall_screen.routing_recall`), and, with `ppl_shares`, the perplexity
 of every router that selects at a budget (indexer, peers) and of the oracle, against the pretrained model on the same
 rows (paired 95% intervals). Budgets are shares of each query's distant keys below `long_from` tokens and keys per
-query from it (what DeepSeek's DSA keeps: a count).
+query from it (what DeepSeek's DSA keeps: a count). Groups keep their top-k, not a budget: a groups router named in
+`ppl_routers` is scored at its own hard pattern, beside the oracle that keeps as many distant pairs in every layer and
+query row (`budget_kind` "pattern": the budget is the share of the distant pairs the pattern keeps).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 
@@ -25,7 +28,7 @@ from transformers import PreTrainedModel
 
 from focus.adapter import load_focus
 from focus.config import FocusConfig
-from focus.eval.diagnostics import oracle_selection
+from focus.eval.diagnostics import distant_attention_recall, oracle_selection
 from focus.eval.paired import paired_ratio
 from focus.eval.perplexity import row_losses
 from focus.eval.recall_screen import routing_recall
@@ -82,7 +85,8 @@ def screen_routers(
             are measured); below it, `shares`. ppl_shares: perplexity at these shares below `long_from`, of the
             oracle too where `ppl_oracle`; ppl_keys: at these counts per query from `long_from` (not the oracle's:
             its ranking of every key by the true logits is a sort of L x L per head and layer). ppl_routers: the
-            routers scored for perplexity (None: every one that selects keys).
+            routers scored for perplexity (None: every one that selects keys; a groups router named here is scored
+            at its hard pattern, and the oracle at the pattern's count where `ppl_oracle`: `_pattern_perplexities`).
         report: called with the three lists after every corpus and length (write them as they come).
     Returns:
         (recall, per-layer recall, perplexity) rows: corpus, length, router, budget and the shares of
@@ -96,7 +100,7 @@ def screen_routers(
             long = length >= long_from
             budgets = list(keys) if long else list(shares)
             ppl_budgets = list(ppl_keys) if long else list(ppl_shares)
-            ppl_block = _rows(ids, length, ppl_rows) if ppl_budgets else None
+            ppl_block = _rows(ids, length, ppl_rows) if ppl_budgets or ppl_routers else None  # (a pattern: none)
             pretrained = None
             for name, spec in routers.items():
                 kind = build_router(model, spec, window, calibration)
@@ -108,13 +112,15 @@ def screen_routers(
                                       "budget_kind": "keys" if long else "share", **shares_at})
                     for layer, per_budget in enumerate(result["layers"]):
                         layers += [{**where, "layer": layer, "budget": b, **s} for b, s in zip(budgets, per_budget)]
-                    # (the groups keep their top-k, no budget)
-                    if ppl_block is not None and kind != "centroids" and (ppl_routers is None or name in ppl_routers):
+                    if ppl_block is not None and (name in ppl_routers if ppl_routers is not None
+                                                  else kind != "centroids"):  # (the groups keep top-k, no budget)
                         pretrained = pretrained if pretrained is not None else _pretrained(model, ppl_block)
-                        scored += _perplexities(model, where, ppl_block, ppl_budgets, pretrained, keys=long)
+                        scored += (_pattern_perplexities(model, where, block, ppl_block, pretrained,
+                                                         oracle=ppl_oracle and not long) if kind == "centroids" else
+                                   _perplexities(model, where, ppl_block, ppl_budgets, pretrained, keys=long))
                 finally:
                     remove_focus(model)
-            if ppl_block is not None and ppl_oracle and not long:
+            if ppl_block is not None and ppl_oracle and ppl_shares and not long:
                 apply_focus(model, FocusConfig(window=window), calibration_ids=calibration)
                 try:
                     pretrained = pretrained if pretrained is not None else _pretrained(model, ppl_block)
@@ -137,6 +143,28 @@ def _rows(ids: torch.Tensor, length: int, count: int) -> torch.Tensor:
 def _pretrained(model: PreTrainedModel, rows: torch.Tensor) -> torch.Tensor:
     with focus_disabled(model):
         return row_losses(model, rows, batch_size=1)
+
+
+def _pattern_perplexities(model, where: dict, recall_rows: torch.Tensor, rows: torch.Tensor, pretrained: torch.Tensor,
+                          oracle: bool) -> list[dict]:
+    """The groups' perplexity at their own hard pattern and, with `oracle`, the oracle's at the same count of distant
+    pairs in every layer and query row (what choosing better pairs alone could reach at their cost). Budget: the
+    share of the distant pairs the pattern keeps on `recall_rows`; recall: the distant attention mass each keeps
+    there (`distant_attention_recall`)."""
+    set_focus_mode(model, "hard")
+    pattern = distant_attention_recall(model, recall_rows, batch_size=1)
+    selections = [(where["router"], contextlib.nullcontext, pattern["recall"])]
+    if oracle:
+        selections.append(("oracle", oracle_selection, pattern["oracle_recall"]))
+    found = []
+    for router, selecting, recall in selections:
+        with selecting(model):
+            losses = row_losses(model, rows, batch_size=1)
+        ratio, low, high = paired_ratio(losses.tolist(), pretrained.tolist())
+        found.append({**where, "router": router, "budget": pattern["kept"], "budget_kind": "pattern",
+                      "pattern": where["router"], "recall": recall, "ppl": math.exp(float(losses.mean())),
+                      "vs_pretrained": ratio, "low": low, "high": high, "rows": rows.shape[0]})
+    return found
 
 
 def _perplexities(model, where: dict, rows: torch.Tensor, budgets: Sequence[float], pretrained: torch.Tensor,
