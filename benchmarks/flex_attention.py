@@ -12,7 +12,8 @@ query head its own: `route_queries="query"`), window 128, one sink. Per prompt l
 - `torch`: the decomposition's PyTorch backend (what a prompt without a cache runs).
 And one decoding step over the same keys: dense SDPA, the native step (routing and index upkeep included), FlexAttention
 with a one-query BlockMask. `density`: the share of causal 128 x 128 blocks FlexAttention computes; `kept`: the share
-of causal pairs the pattern keeps. Written to benchmarks/results/flex_attention.{csv,md}.
+of causal pairs the pattern keeps. Written to <out>/flex_attention.{csv,md} after every length (rule microbenchmark:
+`snakemake results/speed/bench/flex_attention.csv --configfile configs/speed.yaml`).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[2048, 4096, 8192, 16384])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--torch-up-to", type=int, default=8192, help="the eager decomposition only up to this length")
-    parser.add_argument("--out", default="benchmarks/results/flex_attention")
+    parser.add_argument("--out", default="benchmarks/results", help="the folder of flex_attention.{csv,md}")
     args = parser.parse_args()
     device = torch.device("cpu")
     # Every length compiles its own kernels (a prefill and a one-query step): past dynamo's default of 8 recompiles a
@@ -54,8 +55,8 @@ def main() -> None:
         rows.append(_decoding_step(length, args.repeats, device))
         print(rows[-1], flush=True)
         frame = pd.DataFrame(rows)
-        write_text(Path(args.out).with_suffix(".csv"), frame.to_csv(index=False))
-        write_text(Path(args.out).with_suffix(".md"), f"{_setting(args)}\n\n{markdown_table(frame, '.3g')}\n")
+        write_text(Path(args.out) / "flex_attention.csv", frame.to_csv(index=False))
+        write_text(Path(args.out) / "flex_attention.md", f"{_setting(args)}\n\n{markdown_table(frame, '.3g')}\n")
 
 
 def _prefill(length: int, repeats: int, device: torch.device, with_torch: bool) -> dict:

@@ -306,7 +306,8 @@ BAD = {
     "microbenchmark of a tagged script without its tag": (
         lambda c: c.update(microbenchmarks={"speed_anchors": {}}),
         "microbenchmarks: 'speed_anchors' is not a script of benchmarks/ that rule microbenchmark runs (indexer_step, "
-        "indexer_prompt, indexer_generate, train_step, matrix_units, speed_anchors_<tag>, profile_focus_<tag>)",
+        "indexer_prompt, indexer_generate, train_step, matrix_units, flex_attention, speed_anchors_<tag>, "
+        "profile_focus_<tag>)",
     ),
     "decoding benchmark timing a variant the profile has not": (
         lambda c: c.update(benchmark={"lengths": [64], "settings": [[4, 16, 1]], "model": "smollm2",

@@ -142,7 +142,7 @@ def resolve_profile(config: dict[str, Any], schema: dict[str, Any]) -> dict[str,
 
 
 MICROBENCHMARKS = {"indexer_step": False, "indexer_prompt": False, "indexer_generate": False, "train_step": False,
-                   "matrix_units": False, "speed_anchors": True, "profile_focus": True}
+                   "matrix_units": False, "flex_attention": False, "speed_anchors": True, "profile_focus": True}
 """The scripts of benchmarks/ that rule microbenchmark runs: each writes `<out>/<name>.{csv,md}`; True where the
 script takes `--tag` and writes `<out>/<script>_<tag>.{csv,md}` (a profile times it several ways, one tag each)."""
 
