@@ -82,7 +82,7 @@ def write(out: Path, found, layers, scored, args, commit: str) -> None:
               "oracle_recall = the heaviest distant keys' mass at the same count per query, of_oracle = their ratio, "
               "kept = share of distant pairs. Budgets: shares of each query's distant keys below 4K, keys per query "
               f"from 4K (the last {args.last_queries} queries of each row).")
-    write_recall_tables(found, layers, scored, out, header, "python " + " ".join(sys.argv), commit)
+    write_recall_tables(found, layers, scored or None, out, header, "python " + " ".join(sys.argv), commit)
 
 
 if __name__ == "__main__":

@@ -274,6 +274,14 @@ def test_the_screen_stage_writes_its_tables_figures_and_provenance(tmp_path):
     for name in ("recall_screen.png", "recall_screen.svg", "recall_screen_layers.png", "recall_screen_layers.svg"):
         assert (tmp_path / "figures" / name).stat().st_size > 0, name
 
+    # Groups asked for perplexity with no budget (configs/study.yaml's part 4): the table the rule declares is written.
+    recall_screen("tiny:llama", "float32", {"groups": "centroids"}, {"corpus": tokens}, tokens, seq_len=32,
+                  calibration_rows=2, window=8, split="validation", lengths=[32], rows=2, shares=[0.5], keys=[],
+                  last_queries=16, stem=stem, command="snakemake tables/recall_screen.csv", ppl_rows=2,
+                  ppl_routers=["groups"])
+    scored = pd.read_csv(stem.parent / "recall_screen_perplexity.csv")
+    assert list(zip(scored["router"], scored["budget_kind"])) == [("groups", "pattern"), ("oracle", "pattern")]
+
 
 def test_the_screen_scores_perplexity_at_a_count_of_keys_from_its_long_lengths():
     """From `long_from` the screen's perplexity is at counts of keys per query (the routers' own, set through

@@ -64,10 +64,15 @@ def _finish(fig, axes, ylabel: str, figure: str | Path) -> None:
     save_figure(fig, figure)
 
 
-def write_recall_tables(found: list[dict], layers: list[dict], scored: list[dict], stem: str | Path, header: str,
-                        command: str, commit: str | None = None, figure: str | Path | None = None) -> None:
+_SCORED_COLUMNS = ["corpus", "length", "router", "budget", "budget_kind", "ppl", "vs_pretrained", "low", "high", "rows"]
+"""The perplexity table's columns (`focus.eval.router_screen.screen_routers`), for a screen that scored none."""
+
+
+def write_recall_tables(found: list[dict], layers: list[dict], scored: list[dict] | None, stem: str | Path,
+                        header: str, command: str, commit: str | None = None, figure: str | Path | None = None) -> None:
     """The screen's record: <stem>.csv (per router, corpus, length and budget), <stem>_layers.csv (per layer),
-    <stem>_perplexity.csv (per router, corpus, length and budget, where `scored`), <stem>.md (the table, the
+    <stem>_perplexity.csv (per router, corpus, length and budget; written whenever perplexity was asked, `scored` not
+    None, even where no router was scored: a rule declares it from the profile), <stem>.md (the table, the
     perplexities when measured, `header` and the provenance line naming `command` and `commit`, the one the run
     started at),
     <stem>.provenance.json and the figures `figure` (default <stem>.png; and .svg: `plot_recall`) and
@@ -79,8 +84,10 @@ def write_recall_tables(found: list[dict], layers: list[dict], scored: list[dict
     write_text(stem.parent / f"{stem.name}_layers.csv", pd.DataFrame(layers).to_csv(index=False))
     columns = ["corpus", "length", "router", "budget", "recall", "oracle_recall", "of_oracle", "kept"]
     text = f"{provenance_line(command, commit)}\n\n{header}\n\n{markdown_table(frame[columns], '.3g')}\n"
+    if scored is not None:
+        write_text(stem.parent / f"{stem.name}_perplexity.csv", pd.DataFrame(scored, columns=_SCORED_COLUMNS
+                                                                             if not scored else None).to_csv(index=False))
     if scored:
-        write_text(stem.parent / f"{stem.name}_perplexity.csv", pd.DataFrame(scored).to_csv(index=False))
         text += ("\nPerplexity at a budget (a share of each query's distant keys, or keys per query: `budget_kind`), "
                  "the ratio to pretrained with its paired 95% interval over the rows:\n\n"
                  f"{markdown_table(pd.DataFrame(scored), '.4g')}\n")

@@ -58,4 +58,5 @@ def recall_screen(
               "heaviest distant keys' mass at the same count per query, of_oracle = their ratio, kept = the share of "
               f"distant pairs. Budgets: shares of each query's distant keys below 4K tokens, keys per query from 4K "
               f"(the last {last_queries} queries of each row); {rows} rows per corpus and length.")
-    write_recall_tables(found, layers, scored, stem, header, command, commit, figure)
+    asked = bool(ppl_shares or ppl_keys or ppl_routers)  # (the rule declares the perplexity table then)
+    write_recall_tables(found, layers, scored if asked else None, stem, header, command, commit, figure)

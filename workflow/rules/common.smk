@@ -235,7 +235,7 @@ if PEERS["models"]:
 RECALL = P.get("recall_screen") or {}  # the router recall screen (workflow/rules/recall.smk)
 if RECALL:
     TABLES.update(recall_screen=f"{R}/tables/recall_screen.csv")
-    if RECALL["ppl_shares"] or RECALL["ppl_keys"]:
+    if RECALL["ppl_shares"] or RECALL["ppl_keys"] or RECALL["ppl_routers"]:  # (focus.pipeline.screens writes it)
         TABLES.update(recall_screen_perplexity=f"{R}/tables/recall_screen_perplexity.csv")
     FIGURES.update(recall_screen=f"{R}/figures/recall_screen.png")
 
