@@ -24,9 +24,9 @@ layer (9/3 heads), 16 groups, window 64, float32."""
 NATIVE_STEP_BELOW = 131072
 """Below this many cached keys a step runs native (`focus.attention.native`) even where the sparse step beats the
 eager masked one: the native step has no op overhead and reads only the keys its mask keeps. The longest cache
-measured: it beat the sparse step at every length to 128K keys, top-1 and top-2, 1/1 and 9/3 heads
-(`benchmarks/results/decode_step_native_long.md`, a Xeon; 32K on an AVX2 EPYC); beyond what was measured, the cost
-model decides."""
+measured: it beat the sparse step by 1.2x or more at every length from 1K to 128K keys, top-1 and top-2, 1/1 and 9/3
+heads, windows 64 and 256, query and kv_head routing (`benchmarks/results/speed/bench/decode_step.md`, a Xeon with AMX;
+32K on an AVX2 EPYC); beyond what was measured, the cost model decides."""
 
 
 def distant_share(num_groups: int, top_k: int) -> float:
