@@ -7,7 +7,8 @@ Reads benchmarks/results/study_part{1..4}.csv (the study rule's tables: books va
 12 trials at 1K and 2K), forgetting_screen_validation.csv (books and WikiText-2 validation, pass-key at 1K-4K),
 no_worse_validation.csv and no_worse_screen{2,3,4}_validation.csv (issue 44: the held-out novel and WikiText-2
 validation, centroids trained on five novels; screen4: the routing's shape and the teacher's share),
-oracle_selection_floor_validation.csv (the oracle at fixed shares of the distant pairs, the same splits), and draws
+oracle_floor/tables/recall_screen_perplexity.csv (the oracle at fixed shares of the distant pairs, the same splits:
+configs/oracle_floor.yaml's snapshot), and draws
 benchmarks/results/study_tradeoff.{png,svg} with its table study_tradeoff.md
 (`focus.report.study`'s trade-off figure, which the study rule draws for a run).
 """
@@ -68,11 +69,11 @@ def main() -> None:
             "passkey": rows["needle"].map(lambda cell: _shares(cell) if isinstance(cell, str) and " of " in cell
                                           else float("nan")),
         })])
-    floor = results / "oracle_selection_floor_validation.csv"
+    floor = results / "oracle_floor" / "tables" / "recall_screen_perplexity.csv"
     if floor.exists():  # the oracle at a fixed share: what any routing choosing pairs by attention weight reaches
         rows = pd.read_csv(floor)
-        rows = rows[rows["selection"].str.startswith("oracle at ") & (rows["design"] == "any routing")]
-        by_corpus = rows.pivot_table(index="distant_kept", columns="corpus", values="vs_pretrained")
+        rows = rows[(rows["router"] == "oracle") & (rows["budget_kind"] == "share")]
+        by_corpus = rows.pivot_table(index="budget", columns="corpus", values="vs_pretrained")
         points = pd.concat([points, pd.DataFrame({
             "design": [f"oracle (any routing) at {kept:.0%} of distant pairs" for kept in by_corpus.index],
             "domain_change": by_corpus["books_by_book"].values, "other_change": by_corpus["wikitext2"].values,
