@@ -222,11 +222,14 @@ def test_the_recall_screen_runs_as_a_rule_its_figures_where_the_rule_says(tmp_pa
     tables, and Snakemake threw its half hour of work away)."""
     config = json.loads(json.dumps(MINI))
     config["recall_screen"] = {"model": "tiny-qwen2", "domains": ["books"], "lengths": [128], "rows": 1,
-                               "shares": [0.5], "routers": {"groups": "centroids", "quest": "quest"}}
+                               "shares": [0.5], "routers": {"groups": "centroids", "quest": "quest"},
+                               "ppl_routers": ["groups"], "ppl_rows": 2}  # (no budget: the groups at their pattern)
     path = write_config(tmp_path, config)
     snakemake(tmp_path, "results/mini/tables/recall_screen.csv", "--configfile", str(path))
     results = tmp_path / "results" / "mini"
     assert set(pd.read_csv(results / "tables" / "recall_screen.csv")["router"]) == {"groups", "quest"}
+    scored = pd.read_csv(results / "tables" / "recall_screen_perplexity.csv")  # declared by the rule: kept
+    assert list(zip(scored["router"], scored["budget_kind"])) == [("groups", "pattern"), ("oracle", "pattern")]
     for name in ("recall_screen.png", "recall_screen.svg", "recall_screen_layers.png", "recall_screen_layers.svg"):
         assert (results / "figures" / name).stat().st_size > 0, name
 
