@@ -16,10 +16,18 @@ from focus.files import write_json, write_text
 from focus.provenance import provenance, provenance_line
 
 
-def plot_recall(frame: pd.DataFrame, figure: str | Path) -> None:
-    """`frame`: rows of corpus, length, router, kept, recall, oracle_recall (the screen's table)."""
+def plot_recall(frame: pd.DataFrame, figure: str | Path, patterns: pd.DataFrame | None = None) -> None:
+    """`frame`: rows of corpus, length, router, kept, recall, oracle_recall (the screen's table); `patterns`: the
+    perplexity rows of groups scored at their own top-k pattern (`budget_kind` "pattern": budget, the pairs kept, and
+    recall), drawn as points, the oracle at the same count hollow."""
     fig, axes, panels = _panels(frame, height=3.8)
     for ax, ((corpus, length), part) in zip(axes[0], panels):
+        for row in ([] if patterns is None else
+                    patterns[(patterns["corpus"] == corpus) & (patterns["length"] == length)].itertuples()):
+            by_oracle = row.router == "oracle"
+            ax.plot(row.budget, row.recall, "*", markersize=10, markerfacecolor="none" if by_oracle else "black",
+                    color="black", label="the oracle at the same count" if by_oracle
+                    else f"{row.pattern}, its top-k pattern")
         first = part["router"].iloc[0]
         oracle = part[part["router"] == first].sort_values("kept")
         ax.plot(oracle["kept"], oracle["oracle_recall"], "k--", marker=".", label="oracle (heaviest keys)")
@@ -95,5 +103,6 @@ def write_recall_tables(found: list[dict], layers: list[dict], scored: list[dict
     write_json(stem.with_suffix(".provenance.json"), {**provenance(), **({"git_commit": commit} if commit else {}),
                                                       "command": command})
     figure = Path(figure) if figure is not None else stem.with_suffix(".png")
-    plot_recall(frame, figure)
+    patterns = pd.DataFrame(scored or [], columns=None if scored else _SCORED_COLUMNS)
+    plot_recall(frame, figure, patterns[patterns["budget_kind"] == "pattern"] if "pattern" in patterns else None)
     plot_recall_layers(pd.DataFrame(layers), figure.parent / f"{figure.stem}_layers.png")
