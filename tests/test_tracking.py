@@ -171,6 +171,19 @@ def test_a_rules_outputs_are_stamped_once_with_the_profile_and_the_command(tmp_p
         "curves.png", "curves.provenance.json", "runs", "study.csv", "study.md", "study.provenance.json"]
 
 
+def test_a_scripts_plain_line_gives_way_to_the_rules(tmp_path, monkeypatch):
+    """A table a rule's script stamped itself (the recall screen's, `provenance_line`: commit and machine, no rule)
+    carries the rule's line once the rule stamps it; its table below is untouched."""
+    monkeypatch.setenv(PROFILE, "oracle_floor@abcdef012345")
+    monkeypatch.setenv(PROFILE_FILE, "configs/oracle_floor.yaml")
+    table = tmp_path / "recall_screen.md"
+    table.write_text("*Made at commit 0123456789ab on a CPU, torch 2.13.0, 2026-12-01; re-make: `x`.*\n\nheader\n")
+    stamp_outputs([table], rule="recall_screen")
+    lines = table.read_text().splitlines()
+    assert " by rule `recall_screen` for profile oracle_floor@abcdef012345" in lines[0]
+    assert lines[1:] == ["", "header"]
+
+
 def test_the_provenance_table_has_a_row_per_artifact_and_says_which_has_no_stamp(tmp_path, monkeypatch):
     monkeypatch.setenv(PROFILE, "tiny@0123456789ab")
     monkeypatch.setenv(PROFILE_FILE, "configs/tiny.yaml")

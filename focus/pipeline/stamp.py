@@ -38,8 +38,9 @@ def profile_hash(profile: dict[str, Any]) -> str:
 
 def stamp_outputs(outputs: Iterable[str | Path], rule: str | None = None) -> dict[str, Any]:
     """Stamp the files `rule` wrote (`outputs`, folders skipped): the provenance line atop each Markdown one that has
-    none, and `<stem>.provenance.json` beside each table and figure (a table's CSV and Markdown share one).
-    Returns the record."""
+    none or only the plain line a script writes (`focus.provenance.provenance_line`: no rule, no profile), and
+    `<stem>.provenance.json` beside each table and figure (a table's CSV and Markdown share one). Returns the
+    record."""
     files = [Path(path) for path in outputs if Path(path).is_file()]
     if not files:
         return {}
@@ -55,8 +56,14 @@ def stamp_outputs(outputs: Iterable[str | Path], rule: str | None = None) -> dic
     line = (f"{STAMP}{commit[:12]}{'-dirty' if commit.endswith('-dirty') else ''}{made_by} for profile {profile} on "
             f"{machine['gpu'] or machine['cpu']}, {date}; re-make: `{command}`.*")
     for path in files:
-        if path.suffix == ".md" and not (text := path.read_text()).startswith(STAMP):
+        if path.suffix != ".md":
+            continue
+        text = path.read_text()
+        first, _, rest = text.partition("\n")
+        if not text.startswith(STAMP):
             write_text(path, f"{line}\n\n{text}")
+        elif rule and " by rule `" not in first:  # (a script's line, written before the rule could name itself)
+            write_text(path, f"{line}\n{rest}")
     for sidecar in sorted({path.with_suffix(".provenance.json") for path in files if path.suffix in STAMPED}):
         write_json(sidecar, record)
     return record
