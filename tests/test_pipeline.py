@@ -111,7 +111,7 @@ def test_the_screen_profiles_dry_run_their_designs(tmp_path):
     # The CPU's speed tables: the chosen design trained once, then its adapter timed by every speed rule.
     result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "speed.yaml"), "-n")
     counts = job_counts(result.stdout)
-    assert counts["train_focus"] == 1 and counts["microbenchmark"] == 5 and counts["bench_decode"] == 1
+    assert counts["train_focus"] == 1 and counts["microbenchmark"] == 6 and counts["bench_decode"] == 1
     decode = next(block for block in result.stdout.split("\n\n") if "rule bench_decode:" in block)
     assert "input: results/speed/train/smollm2/mix50_kl10/adapter" in decode
 
