@@ -103,8 +103,8 @@ def test_study_profile_resolves_its_designs_and_the_splits_they_are_chosen_on():
     assert profile["perplexity"]["validation_domains"] == ["books"]  # WikiText-2 has no validation split here
     assert profile["study"] == {"model": "smollm2", "baseline": "key_routing", "domain": "books"}
     screen = profile["recall_screen"]  # part 4's oracle test: the straight-through groups at their own pattern
-    assert screen["routers"] == {"straight": "variant:query_unrotated_straight"} and screen["ppl_routers"] == ["straight"]
-    assert screen["ppl_shares"] == [] and screen["ppl_rows"] == 32
+    assert screen["routers"] == {"straight": "variant:query_unrotated_straight"}
+    assert screen["ppl_routers"] == ["straight"] and screen["ppl_shares"] == [] and screen["ppl_rows"] == 32
     assert resolve_profile(tiny(), SCHEMA)["perplexity"]["splits"] == ["test"]  # the default: test only
 
 

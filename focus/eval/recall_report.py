@@ -92,17 +92,17 @@ def write_recall_tables(found: list[dict], layers: list[dict], scored: list[dict
     write_text(stem.parent / f"{stem.name}_layers.csv", pd.DataFrame(layers).to_csv(index=False))
     columns = ["corpus", "length", "router", "budget", "recall", "oracle_recall", "of_oracle", "kept"]
     text = f"{provenance_line(command, commit)}\n\n{header}\n\n{markdown_table(frame[columns], '.3g')}\n"
+    perplexities = pd.DataFrame(scored or [], columns=None if scored else _SCORED_COLUMNS)
     if scored is not None:
-        write_text(stem.parent / f"{stem.name}_perplexity.csv", pd.DataFrame(scored, columns=_SCORED_COLUMNS
-                                                                             if not scored else None).to_csv(index=False))
+        write_text(stem.parent / f"{stem.name}_perplexity.csv", perplexities.to_csv(index=False))
     if scored:
         text += ("\nPerplexity at a budget (a share of each query's distant keys, or keys per query: `budget_kind`), "
                  "the ratio to pretrained with its paired 95% interval over the rows:\n\n"
-                 f"{markdown_table(pd.DataFrame(scored), '.4g')}\n")
+                 f"{markdown_table(perplexities, '.4g')}\n")
     write_text(stem.with_suffix(".md"), text)
     write_json(stem.with_suffix(".provenance.json"), {**provenance(), **({"git_commit": commit} if commit else {}),
                                                       "command": command})
     figure = Path(figure) if figure is not None else stem.with_suffix(".png")
-    patterns = pd.DataFrame(scored or [], columns=None if scored else _SCORED_COLUMNS)
-    plot_recall(frame, figure, patterns[patterns["budget_kind"] == "pattern"] if "pattern" in patterns else None)
+    patterns = perplexities[perplexities["budget_kind"] == "pattern"] if "pattern" in perplexities else None
+    plot_recall(frame, figure, patterns)
     plot_recall_layers(pd.DataFrame(layers), figure.parent / f"{figure.stem}_layers.png")

@@ -112,8 +112,9 @@ def screen_routers(
                                       "budget_kind": "keys" if long else "share", **shares_at})
                     for layer, per_budget in enumerate(result["layers"]):
                         layers += [{**where, "layer": layer, "budget": b, **s} for b, s in zip(budgets, per_budget)]
-                    if ppl_block is not None and (name in ppl_routers if ppl_routers is not None
-                                                  else kind != "centroids"):  # (the groups keep top-k, no budget)
+                    scored_here = ppl_block is not None and (name in ppl_routers if ppl_routers is not None
+                                                             else kind != "centroids")  # (groups keep top-k)
+                    if scored_here and (kind == "centroids" or ppl_budgets):
                         pretrained = pretrained if pretrained is not None else _pretrained(model, ppl_block)
                         scored += (_pattern_perplexities(model, where, block, ppl_block, pretrained,
                                                          oracle=ppl_oracle and not long) if kind == "centroids" else

@@ -42,8 +42,9 @@ def recall_screen(
     corpus in `tokens` ({corpus: prepare_tokens file}), calibrated on the first `calibration_rows` rows of
     `seq_len` of `train_tokens`' train split (what a training job starts from), and score their perplexity at
     `ppl_shares` / `ppl_keys` on `ppl_rows` rows (`ppl_routers`, default every selecting one; a groups router named
-    there at its own pattern; the oracle's too on a validation split); writes `stem`.csv / .md / _layers.csv and the figures (`figure`, default `stem`.png;
-    `focus.eval.recall_report.write_recall_tables`) once every corpus and length is measured."""
+    there at its own pattern; the oracle's too on a validation split); writes `stem`.csv / .md / _layers.csv and the
+    figures (`figure`, default `stem`.png; `focus.eval.recall_report.write_recall_tables`) once every corpus and
+    length is measured."""
     commit = git_commit()  # the checkout may move on while the screen runs
     torch.manual_seed(0)
     model, _ = load_model(source, _DTYPES[dtype], inference_device())
