@@ -151,8 +151,7 @@ def _pattern_perplexities(model, where: dict, recall_rows: torch.Tensor, rows: t
     """The groups' perplexity at their own hard pattern and, with `oracle`, the oracle's at the same count of distant
     pairs in every layer and query row (what choosing better pairs alone could reach at their cost). Budget: the
     share of the distant pairs the pattern keeps on `recall_rows`; recall: the distant attention mass each keeps
-    there (`distant_attention_recall`)."""
-    set_focus_mode(model, "hard")
+    there (`distant_attention_recall`). `build_router` left the model in hard mode."""
     pattern = distant_attention_recall(model, recall_rows, batch_size=1)
     selections = [(where["router"], contextlib.nullcontext, pattern["recall"])]
     if oracle:

@@ -12,6 +12,7 @@ from focus.eval.recall_report import write_recall_tables
 from focus.eval.router_screen import screen_routers
 from focus.models import inference_device, load_model
 from focus.pipeline.jobs import _DTYPES, read_tokens
+from focus.pipeline.profile import screen_scores_perplexity
 from focus.provenance import git_commit
 
 
@@ -59,5 +60,5 @@ def recall_screen(
               "heaviest distant keys' mass at the same count per query, of_oracle = their ratio, kept = the share of "
               f"distant pairs. Budgets: shares of each query's distant keys below 4K tokens, keys per query from 4K "
               f"(the last {last_queries} queries of each row); {rows} rows per corpus and length.")
-    asked = bool(ppl_shares or ppl_keys or ppl_routers)  # (the rule declares the perplexity table then)
+    asked = screen_scores_perplexity(ppl_shares, ppl_keys, ppl_routers)  # (the rule declares the table then)
     write_recall_tables(found, layers, scored if asked else None, stem, header, command, commit, figure)

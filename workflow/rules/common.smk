@@ -8,7 +8,8 @@ import yaml
 
 from focus.config import ConfigError
 from focus.pipeline.methods import FULL_FINETUNE, method_variant, parse_peer_name
-from focus.pipeline.profile import microbenchmark_script, resolve_profile, training_rows, with_base
+from focus.pipeline.profile import (microbenchmark_script, resolve_profile, screen_scores_perplexity, training_rows,
+                                    with_base)
 from focus.pipeline.slurm import wait_for_earlier_jobs
 from focus.pipeline.stamp import PROFILE, PROFILE_FILE, profile_hash
 
@@ -235,7 +236,7 @@ if PEERS["models"]:
 RECALL = P.get("recall_screen") or {}  # the router recall screen (workflow/rules/recall.smk)
 if RECALL:
     TABLES.update(recall_screen=f"{R}/tables/recall_screen.csv")
-    if RECALL["ppl_shares"] or RECALL["ppl_keys"] or RECALL["ppl_routers"]:  # (focus.pipeline.screens writes it)
+    if screen_scores_perplexity(RECALL["ppl_shares"], RECALL["ppl_keys"], RECALL["ppl_routers"]):
         TABLES.update(recall_screen_perplexity=f"{R}/tables/recall_screen_perplexity.csv")
     FIGURES.update(recall_screen=f"{R}/figures/recall_screen.png")
 
