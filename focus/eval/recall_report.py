@@ -7,6 +7,7 @@ better router could still win.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -70,6 +71,13 @@ def _finish(fig, axes, ylabel: str, figure: str | Path) -> None:
     axes[0][0].set_ylabel(ylabel)
     axes[0][-1].legend(fontsize=7, loc="lower right")
     save_figure(fig, figure)
+
+
+def screen_scores_perplexity(ppl_shares: Sequence[float], ppl_keys: Sequence[int],
+                             ppl_routers: Sequence[str] | None) -> bool:
+    """Whether a recall screen asks for perplexity (budgets, or routers named: groups need none), so that rule
+    recall_screen declares <stem>_perplexity.csv and `write_recall_tables` writes it (torch-free: the workflow asks)."""
+    return bool(ppl_shares or ppl_keys or ppl_routers)
 
 
 _SCORED_COLUMNS = ["corpus", "length", "router", "budget", "budget_kind", "ppl", "vs_pretrained", "low", "high", "rows"]

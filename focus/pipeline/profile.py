@@ -173,13 +173,6 @@ def _check_microbenchmarks(section: dict[str, Any], variants: dict[str, Any], da
                               f"it in data.domains.{bench['tokens']}")
 
 
-def screen_scores_perplexity(ppl_shares: Sequence[float], ppl_keys: Sequence[int],
-                             ppl_routers: Sequence[str] | None) -> bool:
-    """Whether a `recall_screen` section asks for perplexity (budgets, or routers named: groups need none), so that
-    rule recall_screen declares tables/recall_screen_perplexity.csv and `focus.pipeline.screens` writes it."""
-    return bool(ppl_shares or ppl_keys or ppl_routers)
-
-
 def _recall_screen_dict(section: dict[str, Any], variants: dict[str, Any], models: dict[str, Any],
                         data: dict[str, Any]) -> dict[str, Any]:
     """The `recall_screen` section with its defaults and its model, domains and variant routers checked."""

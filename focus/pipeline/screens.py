@@ -8,11 +8,10 @@ from pathlib import Path
 import torch
 
 from focus.data import chunk_tokens
-from focus.eval.recall_report import write_recall_tables
+from focus.eval.recall_report import screen_scores_perplexity, write_recall_tables
 from focus.eval.router_screen import screen_routers
 from focus.models import inference_device, load_model
 from focus.pipeline.jobs import _DTYPES, read_tokens
-from focus.pipeline.profile import screen_scores_perplexity
 from focus.provenance import git_commit
 
 

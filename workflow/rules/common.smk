@@ -8,8 +8,8 @@ import yaml
 
 from focus.config import ConfigError
 from focus.pipeline.methods import FULL_FINETUNE, method_variant, parse_peer_name
-from focus.pipeline.profile import (microbenchmark_script, resolve_profile, screen_scores_perplexity, training_rows,
-                                    with_base)
+from focus.eval.recall_report import screen_scores_perplexity
+from focus.pipeline.profile import microbenchmark_script, resolve_profile, training_rows, with_base
 from focus.pipeline.slurm import wait_for_earlier_jobs
 from focus.pipeline.stamp import PROFILE, PROFILE_FILE, profile_hash
 
