@@ -120,6 +120,26 @@ def test_only_trainable_parameters_change_and_network_stays_in_eval_mode(tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt", "metrics.jsonl"]
 
 
+def test_a_run_of_no_steps_scores_the_centroids_as_k_means_left_them(tmp_path):
+    """steps 0 (a profile's untrained designs): nothing changes, the eval data is scored once, as step 0."""
+    model = tiny_llama()
+    apply_focus(model, FocusConfig(num_groups=4, window=4, top_k=2), calibration_ids=pattern_data(rows=4))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    logged = []
+    held_out = pattern_data(rows=4, seed=3)
+
+    final = train_parameters(model, pattern_data(), TrainConfig(steps=0, batch_size=4), tmp_path, eval_data=held_out,
+                             progress=False, on_log=logged.append)
+
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+    assert final == {"step": 0, "eval/loss": pytest.approx(evaluate_loss(model, held_out, 8)),
+                     "eval/ppl": pytest.approx(math.exp(final["eval/loss"]))}
+    assert [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == logged == [final]
+    assert train_parameters(model, pattern_data(), TrainConfig(steps=0, batch_size=4), tmp_path / "bare",
+                            progress=False) == {"step": 0}  # no eval data: nothing to log
+    assert (tmp_path / "bare" / "metrics.jsonl").read_text() == ""
+
+
 def test_loss_decreases_on_repeating_patterns(tmp_path):
     model = with_trainable_head(tiny_llama())
     data, held_out = pattern_data(64, 32, seed=1), pattern_data(16, 32, seed=2)
@@ -424,7 +444,7 @@ def test_no_trainable_parameters_or_bad_data_is_one_clear_error(tmp_path):
 @pytest.mark.parametrize(
     "values, key",
     [
-        ({"steps": 0}, "steps"),
+        ({"steps": -1}, "steps"),
         ({"steps": 2.5}, "steps"),
         ({"batch_size": 0}, "batch_size"),
         ({"lr": 0}, "lr"),

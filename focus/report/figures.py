@@ -27,6 +27,8 @@ def plot_figures(
     fig, axes = panels(plt, len(curves))
     for ax, (model, variants) in zip(axes, curves.items()):
         for variant, frame in variants.items():
+            if "train/loss" not in frame:  # a run of 0 steps (k-means centroids): nothing trained, no curve
+                continue
             train = frame.dropna(subset=["train/loss"])
             (line,) = ax.plot(train["step"], train["train/loss"], marker="o", markersize=3, label=f"{variant} train")
             if "eval/loss" in frame:

@@ -14,7 +14,9 @@ from focus.config import ConfigError, check_types, from_dict, to_dict
 class TrainConfig:
     """How the trainable parameters are optimized, logged, evaluated and checkpointed."""
 
-    steps: int = field(default=1000, metadata={"help": "Total optimizer steps of the run."})
+    steps: int = field(default=1000, metadata={
+        "help": "Total optimizer steps of the run (0: none, the parameters stay as they came and are scored once on "
+                "the eval data: Focus's k-means centroids, untrained)."})
     batch_size: int = field(default=8, metadata={"help": "Sequences per optimizer step."})
     lr: float = field(
         default=1e-3, metadata={"help": "Peak AdamW learning rate (centroids tolerate a high one)."}
@@ -49,10 +51,10 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_types(self)
-        for name in ("steps", "batch_size", "log_every", "eval_batch_size"):
+        for name in ("batch_size", "log_every", "eval_batch_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("warmup_steps", "checkpoint_every", "eval_every", "seed"):
+        for name in ("steps", "warmup_steps", "checkpoint_every", "eval_every", "seed"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"TrainConfig.{name} must be >= 0, got {getattr(self, name)}")
         # `not x >= 0` also rejects NaN, which every plain comparison lets through.

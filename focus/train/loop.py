@@ -167,7 +167,7 @@ def train_parameters(
         train line), `train/lr` (used by this step), `train/grad_norm` (before clipping of this step),
         `train/tokens` (step * batch_size * L), `time/step_seconds` (wall time per step since the
         previous train line), plus `train/<term>_loss` per objective term and `eval/loss`, `eval/ppl` where they
-        apply.
+        apply. With `config.steps` 0, `step` 0 and the eval keys where there is eval data: nothing is optimized.
     Raises:
         ValueError: no trainable parameters, malformed data, or a batch_size that the processes cannot share
             equally; nothing is written.
@@ -225,15 +225,8 @@ def train_parameters(
                 window = LogWindow()
             is_eval_step = config.eval_every > 0 and step % config.eval_every == 0
             if eval_data is not None and (is_eval_step or step == config.steps):
-                eval_loss = evaluate_loss(model, eval_data, config.eval_batch_size)
-                record["eval/loss"] = eval_loss
-                record["eval/ppl"] = math.exp(min(eval_loss, 700.0))  # exp overflows float64 past ~709
-            if len(record) > 1 and metrics_file is not None:
-                with naming_a_full_disk(metrics_file.name):
-                    metrics_file.write(json.dumps(record) + "\n")
-                    metrics_file.flush()
-                if on_log is not None:
-                    on_log(record)
+                record.update(_eval_record(model, eval_data, config))
+            _log_line(metrics_file, record, on_log)
             # The line of a step is written before its checkpoint: lines past a checkpoint's step are
             # exactly the ones a resume from it must drop.
             is_ckpt_step = config.checkpoint_every > 0 and step % config.checkpoint_every == 0
@@ -253,12 +246,31 @@ def train_parameters(
                 )
             if "train/loss" in record:
                 tic = time.perf_counter()
+        if config.steps == 0:  # no step: the parameters as they came (k-means centroids), scored once
+            record = {"step": 0, **(_eval_record(model, eval_data, config) if eval_data is not None else {})}
+            _log_line(metrics_file, record, on_log)
     finally:
         if metrics_file is not None:
             with naming_a_full_disk(metrics_file.name):  # a line the full disk refused may still be buffered
                 metrics_file.close()
         bar.close()
     return record
+
+
+def _eval_record(model: nn.Module, eval_data: torch.Tensor, config: TrainConfig) -> dict[str, float]:
+    eval_loss = evaluate_loss(model, eval_data, config.eval_batch_size)
+    return {"eval/loss": eval_loss, "eval/ppl": math.exp(min(eval_loss, 700.0))}  # exp overflows float64 past ~709
+
+
+def _log_line(metrics_file, record: dict[str, Any], on_log: Callable[[dict[str, Any]], None] | None) -> None:
+    """Append a step's record to metrics.jsonl (process 0: `metrics_file`) and pass it to `on_log`, where it holds more
+    than the step."""
+    if len(record) > 1 and metrics_file is not None:
+        with naming_a_full_disk(metrics_file.name):
+            metrics_file.write(json.dumps(record) + "\n")
+            metrics_file.flush()
+        if on_log is not None:
+            on_log(record)
 
 
 @dataclass
