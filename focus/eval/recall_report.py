@@ -104,8 +104,10 @@ def write_recall_tables(found: list[dict], layers: list[dict], scored: list[dict
     if scored is not None:
         write_text(stem.parent / f"{stem.name}_perplexity.csv", perplexities.to_csv(index=False))
     if scored:
-        text += ("\nPerplexity at a budget (a share of each query's distant keys, or keys per query: `budget_kind`), "
-                 "the ratio to pretrained with its paired 95% interval over the rows:\n\n"
+        text += ("\nPerplexity at a budget (a share of each query's distant keys, or keys per query: `budget_kind`; "
+                 "`pattern`: the share of distant pairs a groups router's own hard top-k pattern keeps, scored for "
+                 "the router and for the oracle that keeps as many in every query row, `recall` the distant mass "
+                 "each keeps), the ratio to pretrained with its paired 95% interval over the rows:\n\n"
                  f"{markdown_table(perplexities, '.4g')}\n")
     write_text(stem.with_suffix(".md"), text)
     write_json(stem.with_suffix(".provenance.json"), {**provenance(), **({"git_commit": commit} if commit else {}),

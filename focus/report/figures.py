@@ -27,16 +27,19 @@ def plot_figures(
     fig, axes = panels(plt, len(curves))
     for ax, (model, variants) in zip(axes, curves.items()):
         for variant, frame in variants.items():
-            if "train/loss" not in frame:  # a run of 0 steps (k-means centroids): nothing trained, no curve
-                continue
-            train = frame.dropna(subset=["train/loss"])
-            (line,) = ax.plot(train["step"], train["train/loss"], marker="o", markersize=3, label=f"{variant} train")
+            color = None  # the train curve's, for the validation curve (a run of 0 steps has no train curve)
+            if "train/loss" in frame:
+                train = frame.dropna(subset=["train/loss"])
+                (line,) = ax.plot(train["step"], train["train/loss"], marker="o", markersize=3,
+                                  label=f"{variant} train")
+                color = line.get_color()
             if "eval/loss" in frame:
                 evals = frame.dropna(subset=["eval/loss"])
-                ax.plot(evals["step"], evals["eval/loss"], linestyle="--", marker="s", color=line.get_color(),
+                ax.plot(evals["step"], evals["eval/loss"], linestyle="--", marker="s", color=color,
                         label=f"{variant} validation")
         ax.set(title=model, xlabel="step", ylabel="loss")
-        ax.legend(fontsize="small")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="small")
     save_figure(fig, loss_curves)
 
     plot_perplexity_changes(pd.read_csv(perplexity_csv), perplexity)
