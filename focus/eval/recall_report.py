@@ -20,21 +20,27 @@ from focus.provenance import provenance, provenance_line
 def plot_recall(frame: pd.DataFrame, figure: str | Path, patterns: pd.DataFrame | None = None) -> None:
     """`frame`: rows of corpus, length, router, kept, recall, oracle_recall (the screen's table); `patterns`: the
     perplexity rows of groups scored at their own top-k pattern (`budget_kind` "pattern": budget, the pairs kept, and
-    recall), drawn as points, the oracle at the same count hollow."""
+    recall), drawn as stars in their router's colour, the oracle at the same count hollow."""
     fig, axes, panels = _panels(frame, height=3.8)
     for ax, ((corpus, length), part) in zip(axes[0], panels):
-        for row in ([] if patterns is None else
-                    patterns[(patterns["corpus"] == corpus) & (patterns["length"] == length)].itertuples()):
-            by_oracle = row.router == "oracle"
-            ax.plot(row.budget, row.recall, "*", markersize=10, markerfacecolor="none" if by_oracle else "black",
-                    color="black", label="the oracle at the same count" if by_oracle
-                    else f"{row.pattern}, its top-k pattern")
         first = part["router"].iloc[0]
         oracle = part[part["router"] == first].sort_values("kept")
         ax.plot(oracle["kept"], oracle["oracle_recall"], "k--", marker=".", label="oracle (heaviest keys)")
+        colours = {}
         for router, curve in part.groupby("router", sort=False):
             curve = curve.sort_values("kept")
-            ax.plot(curve["kept"], curve["recall"], marker="o", markersize=3, label=router)
+            (line,) = ax.plot(curve["kept"], curve["recall"], marker="o", markersize=3, label=router)
+            colours[router] = line.get_color()
+        here = ([] if patterns is None else
+                list(patterns[(patterns["corpus"] == corpus) & (patterns["length"] == length)].itertuples()))
+        for row in here:
+            colour = colours.get(row.pattern, "black")
+            ax.plot(row.budget, row.recall, "*", markersize=10, color=colour,
+                    markerfacecolor="none" if row.router == "oracle" else colour)
+        if here:  # one legend entry each, not one per router
+            ax.plot([], [], "*", markersize=10, color="black", label="a router at its top-k pattern")
+            ax.plot([], [], "*", markersize=10, color="black", markerfacecolor="none",
+                    label="the oracle at the same count")
         ax.plot([0, 1], [0, 1], color="grey", linewidth=0.6)  # chance: as much mass as pairs
         ax.set_xlim(0, max(0.55, float(part["kept"].max()) + 0.02))
         ax.set_ylim(0, 1.0)
@@ -61,7 +67,8 @@ def plot_recall_layers(layers: pd.DataFrame, figure: str | Path, share: float = 
 def _panels(frame: pd.DataFrame, height: float, **options):
     """(figure, axes, [((corpus, length), rows)]): one panel per corpus and length, side by side."""
     panels = list(frame.groupby(["corpus", "length"], sort=False))
-    fig, axes = pyplot().subplots(1, len(panels), figsize=(4.2 * len(panels), height), squeeze=False, **options)
+    # (2 inches more for the legend beside the last panel)
+    fig, axes = pyplot().subplots(1, len(panels), figsize=(4.2 * len(panels) + 2, height), squeeze=False, **options)
     return fig, axes, panels
 
 
@@ -69,7 +76,7 @@ def _finish(fig, axes, ylabel: str, figure: str | Path) -> None:
     for ax in axes[0]:
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel(ylabel)
-    axes[0][-1].legend(fontsize=7, loc="lower right")
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))  # beside the panels, off the curves
     save_figure(fig, figure)
 
 
