@@ -25,7 +25,6 @@ Guarantees, in order of how much they cost to get right:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -47,6 +46,7 @@ from focus.distributed import average_across_processes, barrier, full_state, is_
 from focus.files import naming_a_full_disk
 from focus.models import check_context_length, input_device
 from focus.retrofit import focus_config, has_focus
+from focus.train.batches import Batches
 from focus.train.checkpoint import (
     CHECKPOINT_NAME,
     LogWindow,
@@ -201,7 +201,7 @@ def train_parameters(
             (output_dir / f"{name}.tmp").unlink(missing_ok=True)
         truncate_metrics(output_dir / METRICS_NAME, start_step)
     device = input_device(model)
-    batches = _Batches(data, config)
+    batches = Batches(data, config)
     record: dict[str, Any] = {}
     bar = tqdm(total=config.steps, initial=start_step, desc="train", disable=not (progress and rank == 0), dynamic_ncols=True)
     metrics_file = open(output_dir / METRICS_NAME, "a", encoding="utf-8") if rank == 0 else None
@@ -333,22 +333,6 @@ def _set_up(
     return _Run(trainable, buffers, optimizer, scheduler, fingerprint, focus)
 
 
-class _Batches:
-    """Which rows each step trains on: step s is a slice of its epoch's permutation, recomputed, never stored."""
-
-    def __init__(self, data: torch.Tensor, config: TrainConfig):
-        self.rows_count, self.batch_size, self.seed = data.shape[0], config.batch_size, config.seed
-        self.per_epoch = self.rows_count // self.batch_size
-        self.epoch, self.permutation = -1, None
-
-    def rows(self, step: int) -> torch.Tensor:
-        """The (B,) row indices of 1-based `step`."""
-        epoch, slot = divmod(step - 1, self.per_epoch)
-        if epoch != self.epoch:
-            self.epoch, self.permutation = epoch, _epoch_permutation(self.seed, epoch, self.rows_count)
-        return self.permutation[slot * self.batch_size : (slot + 1) * self.batch_size]
-
-
 def _train_record(
     window: LogWindow, step: int, lr: float, grad_norm: torch.Tensor, config: TrainConfig, seq_len: int,
     tic: float,
@@ -424,15 +408,6 @@ def _optimizer_step(
 def _applies(weights: torch.Tensor | None) -> float:
     """1.0 when a loss weighed by `weights` (B, L) scores any token of its batch (None: every token), else 0.0."""
     return 1.0 if weights is None or bool(weights[:, 1:].gt(0).any()) else 0.0
-
-
-def _epoch_permutation(seed: int, epoch: int, n: int) -> torch.Tensor:
-    """(n,) permutation for `epoch`, a pure function of (seed, epoch, n): resuming needs no stored order."""
-    # Hash rather than e.g. seed * K + epoch, so (seed, epoch) pairs never collide. The prefix is the module's name
-    # when the order was set: kept, so that runs (and their resumes) see the same batches as before.
-    digest = hashlib.sha256(f"focus.training/{seed}/{epoch}".encode()).digest()
-    generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
-    return torch.randperm(n, generator=generator)
 
 
 def _check_tokens(name: str, data: Any, model: nn.Module, min_rows: int) -> None:
