@@ -84,9 +84,9 @@ def test_tiny_profile_on_the_slurm_executor_asks_for_no_gpu(tmp_path):
 def test_the_screen_profiles_dry_run_their_designs(tmp_path):
     """The no-worse screen: its 16 designs trained on one GPU each and studied; the router screen: two trainings of
     the indexer (512- and 2K-token rows) and its recall screen with perplexity; the oracle floor: one design trained,
-    scored, and screened beside the oracle; the GPU profile: the router screen and the speed rows on one GPU; the
-    peers: four training-free selectors beside the chosen design, on one GPU each; the speed tables: the chosen
-    design's adapter timed by every speed rule."""
+    scored, and screened beside the oracle; the routing screens: five untrained designs each, screened; the GPU
+    profile: the router screen and the speed rows on one GPU; the peers: four training-free selectors beside the
+    chosen design, on one GPU each; the speed tables: the chosen design's adapter timed by every speed rule."""
     result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "no_worse.yaml"), "-n")
     counts = job_counts(result.stdout)
     assert counts["train_focus"] == 16 and counts["study"] == 1 and counts["needle"] == 1 + 2 * 16
@@ -96,6 +96,10 @@ def test_the_screen_profiles_dry_run_their_designs(tmp_path):
     assert counts["train_focus"] == 2 and counts["recall_screen"] == 1 and counts["claims"] == 1
     counts = job_counts(snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "oracle_floor.yaml"), "-n").stdout)
     assert counts["train_focus"] == 1 and counts["recall_screen"] == 1 and counts["perplexity"] == 3 * 3
+    # The routing screens without training: five designs, five shapes, each a job of 0 steps, each screened.
+    for profile in ("routing_designs", "routing_shapes"):
+        counts = job_counts(snakemake(tmp_path, "--configfile", str(ROOT / "configs" / f"{profile}.yaml"), "-n").stdout)
+        assert counts["train_focus"] == 5 and counts["recall_screen"] == 1 and counts["perplexity"] == 1 + 5 * 2
     # The routers' screen on one GPU: each job that computes asks for it, the speed rows timed there too.
     result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "gpu.yaml"), "-n")
     counts = job_counts(result.stdout)
