@@ -262,6 +262,22 @@ def test_no_degradation_counts_perplexity_on_text_the_centroids_never_saw(wikite
     assert "trained on books, centroids trained on 307,200 tokens (300 steps), no worse" in row["setting"]  # its budget
 
 
+def test_a_variant_that_trained_no_step_is_judged_on_nothing():
+    """Untrained k-means groups (`steps: 0`, a routing screen) are no evidence about trained centroids: a profile of
+    them alone tests no claim, and beside a trained variant only the trained one is judged."""
+    ppl = pd.DataFrame({"model": "m", "method": ["pretrained", "kmeans-hard", "kmeans-soft", "focus-hard"],
+                        "domain": "wikitext2", "perplexity": [20.0, 21.0, 22.0, 20.05]})
+    training = pd.DataFrame({"model": "m", "variant": ["kmeans", "focus"], "steps": [0, 300], "tokens": [None, 307200],
+                             "trainable_parameters": 9, "frozen_unchanged": True})
+    results = {"main_model": "m", "train_domain": "books", "perplexity": ppl}
+    alone = judge_claims({**results, "perplexity": ppl[:3], "training": training[:1]}).set_index("claim")["verdict"]
+    assert set(alone) == {UNTESTED}
+    both = judge_claims({**results, "training": training}).set_index("claim")
+    assert both.loc["downstream benchmarks after retrofit", "verdict"] == HOLDS  # focus-hard +0.25%, not kmeans +5%
+    assert "(focus-hard)" in both.loc["downstream benchmarks after retrofit", "ours"]
+    assert "for 1 of 1 trainings" in both.loc["retrofit, centroid-only training, frozen weights", "setting"]
+
+
 @pytest.mark.parametrize(("unchanged", "verdict"), [([True, True], HOLDS), ([True, False], FAILS),
                                                     ([None, None], UNTESTED)])
 def test_retrofit_verdict_comes_from_the_frozen_weights_checksums(unchanged, verdict):

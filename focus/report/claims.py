@@ -17,6 +17,7 @@ from typing import Callable
 import pandas as pd
 
 from focus.files import write_text
+from focus.pipeline.methods import method_variant
 
 HOLDS, FAILS, UNTESTED = "holds", "does not hold", "not testable in this profile"
 
@@ -33,7 +34,7 @@ def _retrofit(r):
     training job takes of them before and after (`frozen_unchanged`) agrees for every model; does not hold when one
     differs; not testable without those records."""
     training = r.get("training")
-    if training is None or "frozen_unchanged" not in training:
+    if training is None or training.empty or "frozen_unchanged" not in training:
         return None
     focus = training[training["variant"].map(lambda v: v != "full_finetune" and not v.startswith("lora_"))]
     checked = focus["frozen_unchanged"].dropna()
@@ -351,13 +352,40 @@ BEYOND_THE_PAPER = (
 
 
 def judge_claims(results: dict) -> pd.DataFrame:
-    """One row per claim: claim, paper, ours, setting, verdict."""
+    """One row per claim: claim, paper, ours, setting, verdict. The claims are of trained centroids: a variant that
+    trained no step (k-means groups screened untrained: configs/routing_designs.yaml) is judged on nothing."""
+    results = _trained_only(results)
     rows = []
     for claim in (*CLAIMS, *BEYOND_THE_PAPER):
         judged = claim.judge(results)
         ours, setting, verdict = judged if judged is not None else ("", "", UNTESTED)
         rows.append({"claim": claim.claim, "paper": claim.paper, "ours": ours, "setting": setting, "verdict": verdict})
     return pd.DataFrame(rows)
+
+
+def _trained_only(results: dict) -> dict:
+    """`results` without the rows of (model, variant)s whose training took 0 steps (the training table's `steps`), in
+    every table that names a method or a variant."""
+    training = results.get("training")
+    if not isinstance(training, pd.DataFrame) or "steps" not in training:
+        return results
+    untrained = set(zip(training.loc[training["steps"] == 0, "model"], training.loc[training["steps"] == 0, "variant"]))
+    if not untrained:
+        return results
+
+    def trained(row) -> bool:
+        return (row["model"], row["variant"] if "variant" in row else _variant_of(row["method"])) not in untrained
+
+    return {name: table[table.apply(trained, axis=1)] if isinstance(table, pd.DataFrame) and not table.empty
+            and ("method" in table or "variant" in table) and "model" in table else table
+            for name, table in results.items()}
+
+
+def _variant_of(method: str) -> str | None:
+    try:
+        return (method_variant(method) or (None,))[0]
+    except ValueError:  # not a method of the pipeline's (a router's name): no variant
+        return None
 
 
 def write_claims(tables: dict[str, str | Path], extras: dict[str, str | Path], main_model: str, train_domain: str,
