@@ -135,6 +135,10 @@ def test_a_run_of_no_steps_scores_the_centroids_as_k_means_left_them(tmp_path):
     assert final == {"step": 0, "eval/loss": pytest.approx(evaluate_loss(model, held_out, 8)),
                      "eval/ppl": pytest.approx(math.exp(final["eval/loss"]))}
     assert [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == logged == [final]
+    # Finished: run again, it returns the same record and logs nothing twice (as a finished run of any length).
+    again = train_parameters(model, pattern_data(), TrainConfig(steps=0, batch_size=4), tmp_path, eval_data=held_out,
+                             progress=False, on_log=logged.append)
+    assert again == final and len((tmp_path / "metrics.jsonl").read_text().splitlines()) == len(logged) == 1
     assert train_parameters(model, pattern_data(), TrainConfig(steps=0, batch_size=4), tmp_path / "bare",
                             progress=False) == {"step": 0}  # no eval data: nothing to log
     assert (tmp_path / "bare" / "metrics.jsonl").read_text() == ""

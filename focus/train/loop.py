@@ -205,6 +205,12 @@ def train_parameters(
     record: dict[str, Any] = {}
     bar = tqdm(total=config.steps, initial=start_step, desc="train", disable=not (progress and rank == 0), dynamic_ncols=True)
     metrics_file = open(output_dir / METRICS_NAME, "a", encoding="utf-8") if rank == 0 else None
+
+    def save(step: int, final_metrics: dict[str, Any] | None) -> None:
+        save_checkpoint(checkpoint, step=step, trainable=run.trainable, buffers=run.buffers, optimizer=run.optimizer,
+                        scheduler=run.scheduler, window=window, config=config, fingerprint=run.fingerprint,
+                        focus=run.focus, final_metrics=final_metrics)
+
     try:
         tic = time.perf_counter()
         for step in range(start_step + 1, config.steps + 1):
@@ -231,24 +237,13 @@ def train_parameters(
             # exactly the ones a resume from it must drop.
             is_ckpt_step = config.checkpoint_every > 0 and step % config.checkpoint_every == 0
             if is_ckpt_step or step == config.steps:
-                save_checkpoint(
-                    checkpoint,
-                    step=step,
-                    trainable=run.trainable,
-                    buffers=run.buffers,
-                    optimizer=run.optimizer,
-                    scheduler=run.scheduler,
-                    window=window,
-                    config=config,
-                    fingerprint=run.fingerprint,
-                    focus=run.focus,
-                    final_metrics=record if step == config.steps else None,
-                )
+                save(step, record if step == config.steps else None)
             if "train/loss" in record:
                 tic = time.perf_counter()
         if config.steps == 0:  # no step: the parameters as they came (k-means centroids), scored once
             record = {"step": 0, **(_eval_record(model, eval_data, config) if eval_data is not None else {})}
             _log_line(metrics_file, record, on_log)
+            save(0, record)  # finished: run again, it returns this record and logs nothing twice
     finally:
         if metrics_file is not None:
             with naming_a_full_disk(metrics_file.name):  # a line the full disk refused may still be buffered
