@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 import torch
 from safetensors.torch import save_file
+from test_recall import untrained_job
 
 from focus import FocusConfig, apply_focus, set_focus_mode
 from focus.artifacts import markdown_table
@@ -22,7 +23,9 @@ from focus.pipeline.jobs import TrainingJob
 from focus.pipeline.methods import lora_name, method_variant, parse_lora_name
 from focus.pipeline.stages import evaluate_benchmarks, load_method, train_lora
 from focus.report.claims import BEYOND_THE_PAPER, CLAIMS, FAILS, HOLDS, UNTESTED, judge_claims
+from focus.report.figures import plot_figures
 from focus.report.peers import peers_frame, write_peers
+from focus.report.tables import training_frame
 from focus.train.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -260,6 +263,17 @@ def test_no_degradation_counts_perplexity_on_text_the_centroids_never_saw(wikite
                        ).set_index("claim").loc["downstream benchmarks after retrofit"]
     assert row["verdict"] == verdict and f"wikitext2 {wikitext2 / 20 - 1:+.1%} (focus-hard)" in row["ours"]
     assert "trained on books, centroids trained on 307,200 tokens (300 steps), no worse" in row["setting"]  # its budget
+
+
+def test_the_training_table_and_loss_curves_take_a_run_of_no_steps(tmp_path):
+    _, job, summary = untrained_job(tmp_path)
+    row = training_frame([job.summary]).iloc[0]
+    assert row["steps"] == 0 and row["eval_loss"] == summary["final"]["eval/loss"] and row["train_loss"] is None
+    perplexity = tmp_path / "perplexity.csv"
+    perplexity.write_text("model,source,method,domain,perplexity,change,change_low,change_high\n"
+                          "tiny,tiny:llama,pretrained,books,9.0,,,\ntiny,tiny:llama,kmeans-hard,books,9.9,0.1,0.0,0.2\n")
+    plot_figures([job.metrics], perplexity, tmp_path / "loss_curves.png", tmp_path / "perplexity.png")
+    assert (tmp_path / "loss_curves.png").stat().st_size > 0
 
 
 def test_a_variant_that_trained_no_step_is_judged_on_nothing():

@@ -16,8 +16,6 @@ from focus.attention.routers.routing import sink_keys
 from focus.models import load_model
 from focus.pipeline.jobs import TrainingJob
 from focus.pipeline.stages import train_focus
-from focus.report.figures import plot_figures
-from focus.report.tables import training_frame
 from focus.train.config import TrainConfig
 from focus.train.loop import METRICS_NAME, evaluate_loss, train_parameters
 from focus.train.objective import focus_objective
@@ -112,30 +110,31 @@ def test_the_training_stage_scores_hard_trained_centroids_in_hard_mode_and_saves
     assert evaluate_loss(model, validation) == pytest.approx(summary["final"]["eval/loss"], rel=1e-5)
 
 
-def test_a_training_job_of_no_steps_saves_the_k_means_centroids_and_its_records_are_drawn(tmp_path):
-    """`steps: 0` (configs/base/untrained_groups.yaml): the adapter holds the groups k-means made of the calibration
-    rows, the summary the hard validation loss they give, and the training table and loss curves take the run."""
+UNTRAINED_FOCUS = {"num_groups": 4, "window": 8, "top_k": 1}
+
+
+def untrained_job(tmp_path):
+    """A training job of `steps: 0` (configs/base/untrained_groups.yaml) on random tokens: its tokens, job and
+    summary, the adapter in tmp_path / "adapter"."""
     ids = torch.randint(3, 4000, (12 * 32,), generator=torch.Generator().manual_seed(2), dtype=torch.int32)
     tokens = tmp_path / "tokens.safetensors"
     save_file({"train": ids[: 8 * 32], "validation": ids[8 * 32 :]}, str(tokens))
-    focus = {"num_groups": 4, "window": 8, "top_k": 1}
-    job = TrainingJob(tokens, 32, TrainConfig(steps=0, batch_size=2), tmp_path / "train" / "tiny" / "kmeans" /
-                      "metrics.jsonl", tmp_path / "train" / "tiny" / "kmeans" / "summary.json", calibration_rows=2,
-                      eval_rows=2, retrieval_share=0, progress=False)
-    summary = train_focus("tiny:llama", "float32", focus, job, tmp_path / "adapter")
+    run = tmp_path / "train" / "tiny" / "kmeans"
+    job = TrainingJob(tokens, 32, TrainConfig(steps=0, batch_size=2), run / "metrics.jsonl", run / "summary.json",
+                      calibration_rows=2, eval_rows=2, retrieval_share=0, progress=False)
+    summary = train_focus("tiny:llama", "float32", UNTRAINED_FOCUS, job, tmp_path / "adapter")
+    return ids, job, summary
 
+
+def test_a_training_job_of_no_steps_saves_the_k_means_centroids_and_scores_them(tmp_path):
+    """The adapter holds the groups k-means made of the calibration rows, the summary the hard validation loss they
+    give. (The training table and loss curves take such a run: tests/test_evaluation.py.)"""
+    ids, _, summary = untrained_job(tmp_path)
     model, _ = load_model("tiny:llama")
-    apply_focus(model, FocusConfig(**focus, mode="hard"), calibration_ids=ids[: 2 * 32].long().view(2, 32))
+    apply_focus(model, FocusConfig(**UNTRAINED_FOCUS, mode="hard"), calibration_ids=ids[: 2 * 32].long().view(2, 32))
     kmeans = [p.detach().clone() for p in model.parameters() if p.requires_grad]
     load_focus(model, tmp_path / "adapter")
     assert all(torch.equal(a, b) for a, b in zip(kmeans, (p for p in model.parameters() if p.requires_grad)))
     validation = ids[8 * 32 :].long().view(-1, 32)[:2]
     assert summary["final"] == {"step": 0, "eval/loss": pytest.approx(evaluate_loss(model, validation), rel=1e-5),
                                 "eval/ppl": pytest.approx(math.exp(summary["final"]["eval/loss"]))}
-    row = training_frame([job.summary]).iloc[0]
-    assert row["steps"] == 0 and row["eval_loss"] == summary["final"]["eval/loss"] and row["train_loss"] is None
-    perplexity = tmp_path / "perplexity.csv"
-    perplexity.write_text("model,source,method,domain,perplexity,change,change_low,change_high\n"
-                          "tiny,tiny:llama,pretrained,books,9.0,,,\ntiny,tiny:llama,kmeans-hard,books,9.9,0.1,0.0,0.2\n")
-    plot_figures([job.metrics], perplexity, tmp_path / "loss_curves.png", tmp_path / "perplexity.png")
-    assert (tmp_path / "loss_curves.png").stat().st_size > 0
