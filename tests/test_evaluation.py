@@ -265,10 +265,12 @@ def test_no_degradation_counts_perplexity_on_text_the_centroids_never_saw(wikite
     assert "trained on books, centroids trained on 307,200 tokens (300 steps), no worse" in row["setting"]  # its budget
 
 
-def test_the_training_table_and_loss_curves_take_a_run_of_no_steps(tmp_path):
-    _, job, summary = untrained_job(tmp_path)
+@pytest.mark.parametrize("eval_rows", [2, 0])  # 0: the routing screens', whose recall screen scores the rows
+def test_the_training_table_and_loss_curves_take_a_run_of_no_steps(tmp_path, eval_rows):
+    _, job, summary = untrained_job(tmp_path, eval_rows)
     row = training_frame([job.summary]).iloc[0]
-    assert row["steps"] == 0 and row["eval_loss"] == summary["final"]["eval/loss"] and row["train_loss"] is None
+    assert row["steps"] == 0 and row["train_loss"] is None
+    assert row["eval_loss"] == summary["final"].get("eval/loss") and (row["eval_loss"] is None) == (eval_rows == 0)
     perplexity = tmp_path / "perplexity.csv"
     perplexity.write_text("model,source,method,domain,perplexity,change,change_low,change_high\n"
                           "tiny,tiny:llama,pretrained,books,9.0,,,\ntiny,tiny:llama,kmeans-hard,books,9.9,0.1,0.0,0.2\n")

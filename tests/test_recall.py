@@ -113,7 +113,7 @@ def test_the_training_stage_scores_hard_trained_centroids_in_hard_mode_and_saves
 UNTRAINED_FOCUS = {"num_groups": 4, "window": 8, "top_k": 1}
 
 
-def untrained_job(tmp_path):
+def untrained_job(tmp_path, eval_rows=2):
     """A training job of `steps: 0` (configs/base/untrained_groups.yaml) on random tokens: its tokens, job and
     summary, the adapter in tmp_path / "adapter"."""
     ids = torch.randint(3, 4000, (12 * 32,), generator=torch.Generator().manual_seed(2), dtype=torch.int32)
@@ -121,7 +121,7 @@ def untrained_job(tmp_path):
     save_file({"train": ids[: 8 * 32], "validation": ids[8 * 32 :]}, str(tokens))
     run = tmp_path / "train" / "tiny" / "kmeans"
     job = TrainingJob(tokens, 32, TrainConfig(steps=0, batch_size=2), run / "metrics.jsonl", run / "summary.json",
-                      calibration_rows=2, eval_rows=2, retrieval_share=0, progress=False)
+                      calibration_rows=2, eval_rows=eval_rows, retrieval_share=0, progress=False)
     summary = train_focus("tiny:llama", "float32", UNTRAINED_FOCUS, job, tmp_path / "adapter")
     return ids, job, summary
 
