@@ -5,7 +5,7 @@ The pattern is `focus.attention.pattern.rule.kept` as a `mask_mod`: a pair (i, j
 token, and it is local (i - j < window), or j is a sink, or the query's and the key's groups meet (one AND of group
 bits). The `BlockMask` lets FlexAttention skip the blocks (128 x 128 positions) that hold
 no kept pair; every other block is computed in full and masked. Not a path of the plan: how it compares, and why, is
-in benchmarks/results/flex_attention.md (`benchmarks/flex_attention.py`).
+in benchmarks/results/speed/bench/flex_attention.md (`benchmarks/flex_attention.py`, rule `microbenchmark`).
 """
 
 from __future__ import annotations
