@@ -12,7 +12,8 @@ import yaml
 
 from focus.config import ConfigError
 from focus.pipeline.methods import method_kind, method_variant, parse_peer_name, peer_name
-from focus.pipeline.profile import microbenchmark_script, resolve_profile, with_base
+from focus.pipeline.microbenchmarks import microbenchmark_script
+from focus.pipeline.profile import resolve_profile, with_base
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = yaml.safe_load((ROOT / "workflow" / "schemas" / "config.schema.yaml").read_text())
@@ -33,6 +34,8 @@ def test_tiny_profile_resolves_every_model_variant_and_method():
     gpt2 = profile["models"]["tiny-gpt2"]
     assert gpt2["centroids"]["steps"] == 10
     assert gpt2["full_finetune"]["steps"] == 10 and gpt2["full_finetune"]["lr"] == 3e-5
+    # Random weights are scored on one corpus; the real model on every corpus the profile scores.
+    assert gpt2["domains"] == ["books"] and smollm2["domains"] == ["books", "wikitext2", "nonfiction"]
 
 
 def test_validating_a_profile_imports_neither_torch_nor_transformers():
@@ -324,6 +327,19 @@ BAD = {
     "microbenchmark prompts from a corpus without validation": (
         lambda c: c.update(microbenchmarks={"indexer_generate": {"tokens": "wikitext2"}}),
         "microbenchmarks.indexer_generate.tokens: 'wikitext2' needs its validation split",
+    ),
+    "model scored on a corpus the profile does not score": (
+        lambda c: c["models"]["smollm2"].update(domains=["books", "books_by_book"]),
+        "models.smollm2.domains: ['books_by_book'] are not in perplexity.domains ['books', 'wikitext2', 'nonfiction']",
+    ),
+    "peers of a model scored on fewer corpora": (
+        lambda c: c.update(peers={"models": ["tiny-qwen2"], "selectors": ["quest@0.3"]}),
+        "models.tiny-qwen2.domains: peers compares it on every perplexity domain; leave its domains out",
+    ),
+    "study of a model scored on fewer corpora": (
+        lambda c: c.update(study={"model": "tiny-qwen2", "baseline": "focus", "domain": "books"})
+        or c["perplexity"].update(splits=["validation", "test"]),
+        "models.tiny-qwen2.domains: study compares it on every perplexity domain; leave its domains out",
     ),
     "window over the whole training row": (
         lambda c: c["focus"].update(window=512),

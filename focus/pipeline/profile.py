@@ -19,6 +19,7 @@ from focus.data import MirrorError, corpus_location, verify_mirror_file
 from focus.eval.config import InterpretConfig
 from focus.eval.harness import mirror_task_files
 from focus.pipeline.methods import FULL_FINETUNE, MODES, PRETRAINED, lora_name, method_variant, parse_peer_name
+from focus.pipeline.microbenchmarks import check_microbenchmarks
 from focus.sources import PACKAGED_SMOLLM2, check_model_source, position_limit
 from focus.train.config import ScratchModel, TrainConfig
 
@@ -54,7 +55,8 @@ def resolve_profile(config: dict[str, Any], schema: dict[str, Any]) -> dict[str,
     `full_finetune` None when off), `gpus` (GPUs a training job asks for, one process each; 0 asks
     none) and `eval_gpus` (GPUs an evaluation job asks for and spreads the model over), each defaulting to the
     profile's own `gpus` / `eval_gpus`, themselves 0 by default; `methods` per model (the profile's, its LoRA cells,
-    its peers) and, for the models `peers` covers, `peers` ({"<selector>@<budget>": FocusConfig dict}).
+    its peers), `domains` (the perplexity domains it is scored on; default all) and, for the models `peers` covers,
+    `peers` ({"<selector>@<budget>": FocusConfig dict}).
 
     Raises:
         ConfigError: one line naming the key and what is wrong with it.
@@ -87,7 +89,12 @@ def resolve_profile(config: dict[str, Any], schema: dict[str, Any]) -> dict[str,
             "full_finetune": None,
             "gpus": spec.get("gpus", config.get("gpus", 0)),
             "eval_gpus": spec.get("eval_gpus", config.get("eval_gpus", 0)),
+            "domains": spec.get("domains", config["perplexity"]["domains"]),
         }
+        unscored = sorted(set(resolved["domains"]) - set(config["perplexity"]["domains"]))
+        if unscored:
+            raise ConfigError(f"{where}.domains: {unscored} are not in perplexity.domains "
+                              f"{config['perplexity']['domains']}")
         if baseline is not None:
             # The same budget (steps, batch, schedule) as this model's centroids unless overridden.
             merged = {**resolved["centroids"], **baseline, **spec.get("full_finetune", {})}
@@ -137,40 +144,15 @@ def resolve_profile(config: dict[str, Any], schema: dict[str, Any]) -> dict[str,
         profile["study"] = _study_dict(config["study"], variants, models, profile["perplexity"])
     if config.get("recall_screen") is not None:
         profile["recall_screen"] = _recall_screen_dict(config["recall_screen"], variants, models, config["data"])
-    _check_microbenchmarks(config.get("microbenchmarks") or {}, variants, config["data"])
+    check_microbenchmarks(config.get("microbenchmarks") or {}, variants, config["data"])
+    compared = {"study": [profile["study"]["model"]] if "study" in profile else [],
+                "peers": profile.get("peers", {}).get("models", [])}
+    for section, names in compared.items():  # their tables and figures set one corpus against another
+        for name in names:
+            if models[name]["domains"] != profile["perplexity"]["domains"]:
+                raise ConfigError(f"models.{name}.domains: {section} compares it on every perplexity domain; "
+                                  "leave its domains out")
     return profile
-
-
-MICROBENCHMARKS = {"indexer_step": False, "indexer_prompt": False, "indexer_generate": False, "train_step": False,
-                   "matrix_units": False, "flex_attention": False, "speed_anchors": True, "profile_focus": True}
-"""The scripts of benchmarks/ that rule microbenchmark runs: each writes `<out>/<name>.{csv,md}`; True where the
-script takes `--tag` and writes `<out>/<script>_<tag>.{csv,md}` (a profile times it several ways, one tag each)."""
-
-
-def microbenchmark_script(name: str) -> tuple[str, str | None]:
-    """(script, tag) of a `microbenchmarks` entry: `indexer_step` runs benchmarks/indexer_step.py; `speed_anchors_fp32`
-    runs benchmarks/speed_anchors.py with `--tag fp32` (the entry's name is the table's name)."""
-    if MICROBENCHMARKS.get(name) is False:
-        return name, None
-    for script, tagged in MICROBENCHMARKS.items():
-        if tagged and name.startswith(f"{script}_"):
-            return script, name.removeprefix(f"{script}_")
-    names = ", ".join(script + ("_<tag>" if tagged else "") for script, tagged in MICROBENCHMARKS.items())
-    raise ConfigError(f"microbenchmarks: {name!r} is not a script of benchmarks/ that rule microbenchmark runs "
-                      f"({names})")
-
-
-def _check_microbenchmarks(section: dict[str, Any], variants: dict[str, Any], data: dict[str, Any]) -> None:
-    """Each microbenchmark names a script (and its tag), its adapter is a variant of the profile, its tokens a corpus
-    with a validation split."""
-    for name, bench in section.items():
-        microbenchmark_script(name)
-        if bench.get("adapter") is not None and bench["adapter"] not in variants:
-            raise ConfigError(f"microbenchmarks.{name}.adapter: {bench['adapter']!r} names no variant of this profile "
-                              f"{sorted(variants)}")
-        if bench.get("tokens") is not None and "validation" not in data["domains"].get(bench["tokens"], []):
-            raise ConfigError(f"microbenchmarks.{name}.tokens: {bench['tokens']!r} needs its validation split; list "
-                              f"it in data.domains.{bench['tokens']}")
 
 
 def _recall_screen_dict(section: dict[str, Any], variants: dict[str, Any], models: dict[str, Any],

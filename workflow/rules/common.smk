@@ -9,7 +9,8 @@ import yaml
 from focus.config import ConfigError
 from focus.pipeline.methods import FULL_FINETUNE, method_variant, parse_peer_name
 from focus.eval.recall_report import screen_scores_perplexity
-from focus.pipeline.profile import microbenchmark_script, resolve_profile, training_rows, with_base
+from focus.pipeline.microbenchmarks import microbenchmark_script
+from focus.pipeline.profile import resolve_profile, training_rows, with_base
 from focus.pipeline.slurm import wait_for_earlier_jobs
 from focus.pipeline.stamp import PROFILE, PROFILE_FILE, profile_hash
 
@@ -105,13 +106,14 @@ def train_metrics():
 
 
 def perplexity_files():
-    return [f"{R}/perplexity/{m}/{method}/{d}.json" for m in MODELS for method in P["models"][m]["methods"] for d in EVAL_DOMAINS]
+    return [f"{R}/perplexity/{m}/{method}/{d}.json"
+            for m in MODELS for method in P["models"][m]["methods"] for d in P["models"][m]["domains"]]
 
 
 def validation_perplexity_files():
     return [
         f"{R}/perplexity/{m}/{method}/{d}.validation.json"
-        for m in MODELS for method in P["models"][m]["methods"] for d in PPL_VALIDATION
+        for m in MODELS for method in P["models"][m]["methods"] for d in PPL_VALIDATION if d in P["models"][m]["domains"]
     ]
 
 
