@@ -55,8 +55,8 @@ def resolve_profile(config: dict[str, Any], schema: dict[str, Any]) -> dict[str,
     `full_finetune` None when off), `gpus` (GPUs a training job asks for, one process each; 0 asks
     none) and `eval_gpus` (GPUs an evaluation job asks for and spreads the model over), each defaulting to the
     profile's own `gpus` / `eval_gpus`, themselves 0 by default; `methods` per model (the profile's, its LoRA cells,
-    its peers), `domains` (the perplexity domains it is scored on; default all) and, for the models `peers` covers,
-    `peers` ({"<selector>@<budget>": FocusConfig dict}).
+    its peers), `domains` where the profile narrows the perplexity domains it is scored on (absent: all of them) and,
+    for the models `peers` covers, `peers` ({"<selector>@<budget>": FocusConfig dict}).
 
     Raises:
         ConfigError: one line naming the key and what is wrong with it.
@@ -89,12 +89,13 @@ def resolve_profile(config: dict[str, Any], schema: dict[str, Any]) -> dict[str,
             "full_finetune": None,
             "gpus": spec.get("gpus", config.get("gpus", 0)),
             "eval_gpus": spec.get("eval_gpus", config.get("eval_gpus", 0)),
-            "domains": spec.get("domains", config["perplexity"]["domains"]),
         }
-        unscored = sorted(set(resolved["domains"]) - set(config["perplexity"]["domains"]))
-        if unscored:
-            raise ConfigError(f"{where}.domains: {unscored} are not in perplexity.domains "
-                              f"{config['perplexity']['domains']}")
+        if "domains" in spec:  # only where set: the hash of every profile that does not narrow them stays as it was
+            resolved["domains"] = spec["domains"]
+            unscored = sorted(set(spec["domains"]) - set(config["perplexity"]["domains"]))
+            if unscored:
+                raise ConfigError(f"{where}.domains: {unscored} are not in perplexity.domains "
+                                  f"{config['perplexity']['domains']}")
         if baseline is not None:
             # The same budget (steps, batch, schedule) as this model's centroids unless overridden.
             merged = {**resolved["centroids"], **baseline, **spec.get("full_finetune", {})}
@@ -149,7 +150,7 @@ def resolve_profile(config: dict[str, Any], schema: dict[str, Any]) -> dict[str,
                 "peers": profile.get("peers", {}).get("models", [])}
     for section, names in compared.items():  # their tables and figures set one corpus against another
         for name in names:
-            if models[name]["domains"] != profile["perplexity"]["domains"]:
+            if models[name].get("domains", profile["perplexity"]["domains"]) != profile["perplexity"]["domains"]:
                 raise ConfigError(f"models.{name}.domains: {section} compares it on every perplexity domain; "
                                   "leave its domains out")
     return profile

@@ -105,15 +105,20 @@ def train_metrics():
     return [f"{train_folder(m, v)}/metrics.jsonl" for m in MODELS for v in trained_variants()]
 
 
+def scored_domains(model):
+    """The corpora `model`'s perplexity is scored on: its own `domains`, else every one of perplexity.domains."""
+    return P["models"][model].get("domains", EVAL_DOMAINS)
+
+
 def perplexity_files():
     return [f"{R}/perplexity/{m}/{method}/{d}.json"
-            for m in MODELS for method in P["models"][m]["methods"] for d in P["models"][m]["domains"]]
+            for m in MODELS for method in P["models"][m]["methods"] for d in scored_domains(m)]
 
 
 def validation_perplexity_files():
     return [
         f"{R}/perplexity/{m}/{method}/{d}.validation.json"
-        for m in MODELS for method in P["models"][m]["methods"] for d in PPL_VALIDATION if d in P["models"][m]["domains"]
+        for m in MODELS for method in P["models"][m]["methods"] for d in PPL_VALIDATION if d in scored_domains(m)
     ]
 
 
