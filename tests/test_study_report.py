@@ -55,3 +55,42 @@ def test_perplexity_figure_draws_paired_changes_of_real_models_only(tmp_path):
     assert (tmp_path / "perplexity.png").stat().st_size > 10_000
     plot_perplexity_changes(frame.reset_index().drop(columns=["source"]), tmp_path / "older.png")  # a table before it
     assert (tmp_path / "older.png").stat().st_size > 10_000
+
+
+def test_study_frame_sets_every_corpus_against_pretrained_and_counts_the_pass_key_per_length(tmp_path):
+    """The forgetting screen's columns (configs/forgetting_test.yaml): the other corpus has its paired interval as the
+    study domain has, and the pass-key reads per length (its accuracy and the key's mean log-probability)."""
+    import json
+
+    from focus.report.study import study_frame
+
+    def record(name, **fields):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"model": "m", **fields}))
+        return path
+
+    def perplexity(method, domain, split, windows):
+        return record(f"{method}-{domain}-{split}", method=method, domain=domain,
+                      perplexity=math.exp(sum(windows) / len(windows)),
+                      window_nll=windows)
+
+    def needle(method, correct):
+        trials = [{"length": length, "correct": ok, "key_logprob": -1.0 if ok else -3.0}
+                  for length, ok in zip([1024, 1024, 2048, 2048], correct)]
+        return record(f"{method}-needle", method=method, accuracy=sum(correct) / 4, trials=trials)
+
+    validation, test = [], []
+    for split, files in (("validation", validation), ("test", test)):
+        for domain, shift in (("books", -0.1), ("wikitext2", 0.2)):
+            files.append(perplexity("pretrained", domain, split, [3.0, 3.2, 3.1]))
+            files.append(perplexity("a-hard", domain, split, [3.0 + shift, 3.2 + shift, 3.1 + shift * 0.5]))
+    needles = [needle("pretrained", [True, True, True, False]), needle("a-hard", [True, True, False, False])]
+    frame = study_frame("m", {"a": {"window": 128}}, "books", [], validation, test, needle=needles)
+    row, base = frame.set_index("design").loc["a"], frame.set_index("design").loc["pretrained"]
+    for column in ("books_validation", "wikitext2_validation", "books_test", "wikitext2_test"):
+        low, change, high = (row[f"{column}_hard_vs_pretrained{b}"] for b in ("_low", "", "_high"))
+        assert low < change < high and change == pytest.approx(row[f"{column}_hard"] / base[column] - 1)
+    assert row["wikitext2_test_hard_vs_pretrained_low"] > 0 > row["books_test_hard_vs_pretrained_high"]
+    assert list(frame.columns[2:4]) == ["books_validation", "books_validation_hard"]  # the choice's column first
+    assert (row["needle_1024_hard"], row["needle_2048_hard"], base["needle_2048"]) == (1.0, 0.0, 0.5)
+    assert (row["key_logprob_2048_hard"], base["key_logprob_1024"]) == (-3.0, -1.0)

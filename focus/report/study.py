@@ -2,8 +2,9 @@
 
 One row per design (and one for the pretrained model): what it changes, its wall time, perplexity on the
 validation split of the study domain (what the choice is made on), soft and hard, each against the pretrained
-model with its paired 95% interval over the evaluation windows, then the test splits (reported, never tuned on),
-long-context perplexity and pass-key accuracy, how its groups align with token category and with position (NMI),
+model with its paired 95% interval over the evaluation windows, then the other corpora's validation splits and every
+test split (reported, never tuned on) alike, long-context perplexity, pass-key accuracy (overall and per length, with
+the key's mean log-probability), how its groups align with token category and with position (NMI),
 and what its hard pattern keeps of the pretrained model's distant attention: the share of the mass (`distant_recall`)
 and of the pairs (`distant_kept`, the cost; `focus.eval.diagnostics`). The figure shows validation
 perplexity during training against the pretrained model on the same rows.
@@ -54,7 +55,8 @@ def study_frame(
     Args:
         model: the profile's name of the model studied; records of other models are left out.
         variants: {variant: FocusConfig overrides as the profile writes them}.
-        domain: the study domain; `validation` holds its validation perplexity records, one per method.
+        domain: the study domain (its columns first); `validation` holds validation perplexity records, one per
+            method and corpus.
         summaries: train summary.json files (<model>/<variant>/summary.json).
         test: test perplexity records of every method and domain; long_context, needle: their records;
         interpret: interpret summary.json files (<model>/<variant>/summary.json).
@@ -82,15 +84,18 @@ def study_frame(
         row = rows[Path(path).parent.name]
         row["train_tokens"] = summary["final"].get("train/tokens")
         row["train_seconds"] = summary["seconds"]
-    for record in _records(validation, model):
-        if record["domain"] == domain:
-            put(record["method"], f"{domain}_validation_{{mode}}", record["perplexity"], record.get("window_nll"))
-    for record in _records(test, model):
-        put(record["method"], f"{record['domain']}_test_{{mode}}", record["perplexity"], record.get("window_nll"))
+    for split, records in (("validation", validation), ("test", test)):
+        for record in _records(records, model):
+            column = f"{record['domain']}_{split}_{{mode}}"
+            put(record["method"], column, record["perplexity"], record.get("window_nll"))
     for record in _records(long_context, model):
         put(record["method"], f"ctx{record['context_length']}_{{mode}}", record["perplexity"])
     for record in _records(needle, model):
         put(record["method"], "needle_{mode}", record["accuracy"])
+        for length in sorted({trial["length"] for trial in record.get("trials", [])}):  # per length, as the screens
+            at = [trial for trial in record["trials"] if trial["length"] == length]
+            put(record["method"], f"needle_{length}_{{mode}}", sum(trial["correct"] for trial in at) / len(at))
+            put(record["method"], f"key_logprob_{length}_{{mode}}", sum(trial["key_logprob"] for trial in at) / len(at))
     for path in _of_model(interpret, model):
         record = json.loads(Path(path).read_text())
         row = rows[Path(path).parent.name]
@@ -100,35 +105,38 @@ def study_frame(
             row["distant_recall"] = record["distant_attention"]["recall"]
             row["distant_kept"] = record["distant_attention"]["kept"]
             row["distant_oracle_recall"] = record["distant_attention"]["oracle_recall"]
-    for name in variants:  # each design against pretrained on the same windows: the ratio's 95% interval
-        for split in ("validation", "test"):
+    scored = sorted((column for column in rows[PRETRAINED] if column.endswith(("_validation", "_test"))),
+                    key=lambda column: (column.rsplit("_", 1)[1] == "test", column.rsplit("_", 1)[0] != domain, column))
+    for name in variants:  # each design against pretrained on the same windows, every corpus: the ratio's 95% interval
+        for scored_split in scored:
             for mode in ("soft", "hard"):
-                column, base = f"{domain}_{split}_{mode}", windows.get((PRETRAINED, f"{domain}_{split}"))
+                column, base = f"{scored_split}_{mode}", windows.get((PRETRAINED, scored_split))
                 design = windows.get((name, column))
                 if base is not None and design is not None and len(design) == len(base) >= 2:
                     _, low, high = paired_ratio(design, base)
                     rows[name][f"{column}_vs_pretrained_low"], rows[name][f"{column}_vs_pretrained_high"] = low, high
     frame = pd.DataFrame(list(rows.values()))
-    for split in ("validation", "test"):
-        pretrained = frame.loc[0, f"{domain}_{split}"] if f"{domain}_{split}" in frame else None
+    for scored_split in scored:
+        pretrained = frame.loc[0, scored_split] if scored_split in frame else None
         for mode in ("soft", "hard"):
-            column = f"{domain}_{split}_{mode}"
+            column = f"{scored_split}_{mode}"
             if pretrained is not None and column in frame:
                 frame[f"{column}_vs_pretrained"] = frame[column] / pretrained - 1
-    return frame[_column_order(frame, domain)]
+    return frame[_column_order(frame, scored)]
 
 
-def _column_order(frame: pd.DataFrame, domain: str) -> list[str]:
-    versus = [f"{domain}_{split}_{mode}_vs_pretrained{bound}" for split in ("validation", "test")
-              for mode in ("soft", "hard") for bound in ("", "_low", "_high")]
-    first = ["design", "changes", "train_tokens", "train_seconds", f"{domain}_validation", f"{domain}_validation_soft",
-             f"{domain}_validation_hard", *versus[:6]]
+def _column_order(frame: pd.DataFrame, scored: list[str]) -> list[str]:
+    """The design and its training; each scored corpus and split (`<domain>_<split>`, validation first, the study
+    domain first in each) with its soft and hard modes and their changes against pretrained; then the long contexts
+    by length, then the rest (pass-key, groups, distant attention)."""
+    first = ["design", "changes", "train_tokens", "train_seconds"]
+    for scored_split in scored:
+        first += [scored_split, *(f"{scored_split}_{mode}{versus}" for mode in ("soft", "hard")
+                                  for versus in ("", "_vs_pretrained", "_vs_pretrained_low", "_vs_pretrained_high"))]
     present = [c for c in first if c in frame]
-    tests = sorted(c for c in frame if "_test" in c and c not in versus)
-    present_later = [c for c in versus[6:] if c in frame]
     contexts = sorted((c for c in frame if c.startswith("ctx")), key=lambda c: (int(c[3:].split("_")[0]), c))
-    rest = [c for c in frame if c not in present + tests + present_later + contexts]
-    return present + tests + present_later + contexts + rest
+    rest = [c for c in frame if c not in present + contexts]
+    return present + contexts + rest
 
 
 def plot_study_curves(frame: pd.DataFrame, metrics: list[str | Path], summaries: list[str | Path], domain: str,
