@@ -87,7 +87,8 @@ def test_the_screen_profiles_dry_run_their_designs(tmp_path):
     the indexer (512- and 2K-token rows) and its recall screen with perplexity; the oracle floor: one design trained,
     scored, and screened beside the oracle; the routing screens: five untrained designs each, screened; the GPU
     profile: the router screen and the speed rows on one GPU; the peers: four training-free selectors beside the
-    chosen design, on one GPU each; the speed tables: the chosen design's adapter timed by every speed rule."""
+    chosen design, on one GPU each; the forgetting screen: eight designs on one GPU, the chosen one on test on the CPU;
+    the speed tables: the chosen design's adapter timed by every speed rule."""
     result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "no_worse.yaml"), "-n")
     counts = job_counts(result.stdout)
     assert counts["train_focus"] == 16 and counts["study"] == 1 and counts["needle"] == 1 + 2 * 16
@@ -113,6 +114,15 @@ def test_the_screen_profiles_dry_run_their_designs(tmp_path):
     assert counts["peer"] == 4 and counts["train_focus"] == 1 and counts["peers_table"] == 1 and counts["ruler"] == 7
     assert_one_gpu_each(result.stdout, "train_focus", "perplexity", "peer", "long_context_perplexity", "needle",
                         "ruler")
+    # The forgetting screen: its eight trained designs on one GPU each; the chosen one on test, on the CPU.
+    result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "forgetting.yaml"), "-n")
+    counts = job_counts(result.stdout)
+    assert counts["train_focus"] == 8 and counts["study"] == 1 and counts["needle"] == 1 + 2 * 8
+    assert_one_gpu_each(result.stdout, "train_focus", "perplexity", "needle", "interpret")
+    result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "forgetting_test.yaml"), "-n")
+    counts = job_counts(result.stdout)
+    assert counts["train_focus"] == 1 and counts["needle"] == 3 and counts["perplexity"] == 3 * 2
+    assert "gpu=1" not in result.stdout
     # The CPU's speed tables: the chosen design trained once, then its adapter timed by every speed rule.
     result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "speed.yaml"), "-n")
     counts = job_counts(result.stdout)

@@ -167,6 +167,26 @@ def test_the_no_worse_screen_is_a_profile_of_its_designs():
     assert profile["study"]["baseline"] == "base" and smollm2["gpus"] == 1
 
 
+def test_the_forgetting_screen_is_a_profile_of_the_adapters_it_trained():
+    """configs/forgetting.yaml's variants are the adapters of benchmarks/results/forgetting_screen_validation.csv, each
+    at the window it was trained at (its first row: later rows of an adapter change it after training) and with the
+    dense heads it was trained with."""
+    import pandas as pd
+
+    screen = pd.read_csv(ROOT / "benchmarks" / "results" / "forgetting_screen_validation.csv").fillna({"select": ""})
+    trained = screen[screen["adapter"] != "pretrained"].groupby("adapter", sort=False).first()
+    path = ROOT / "configs" / "forgetting.yaml"
+    profile = resolve_profile(with_base(yaml.safe_load(path.read_text()), [path.parent]), SCHEMA)
+    smollm2 = profile["models"]["smollm2"]
+    assert list(smollm2["variants"]) == list(trained.index)
+    for name, row in trained.iterrows():
+        focus = smollm2["variants"][name]
+        assert focus["window"] == row["window"], name
+        heads = row["dense_heads"].split() if row["select"] == "trained" and row["dense"] else []
+        assert list(focus["dense_heads"]) == heads, name
+    assert smollm2["training"]["st300"]["rows"]["retrieval_share"] == 0 and smollm2["gpus"] == 1
+
+
 def test_a_profile_includes_its_base_mappings_merged_its_own_values_first(tmp_path):
     (tmp_path / "base").mkdir()
     (tmp_path / "base" / "root.yaml").write_text("dtype: float16\ntrain: {seq_len: 64, domain: books}\n")
