@@ -88,7 +88,7 @@ def test_the_screen_profiles_dry_run_their_designs(tmp_path):
     scored, and screened beside the oracle; the routing screens: five untrained designs each, screened; the GPU
     profile: the router screen and the speed rows on one GPU; the peers: four training-free selectors beside the
     chosen design, on one GPU each; the forgetting screen: eight designs on one GPU, the chosen one on test on the CPU;
-    the speed tables: the chosen design's adapter timed by every speed rule."""
+    the no-worse screen's test report on the CPU; the speed tables: the chosen design's adapter timed by every speed rule."""
     result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "no_worse.yaml"), "-n")
     counts = job_counts(result.stdout)
     assert counts["train_focus"] == 16 and counts["study"] == 1 and counts["needle"] == 1 + 2 * 16
@@ -122,6 +122,11 @@ def test_the_screen_profiles_dry_run_their_designs(tmp_path):
     result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "forgetting_test.yaml"), "-n")
     counts = job_counts(result.stdout)
     assert counts["train_focus"] == 1 and counts["needle"] == 3 and counts["perplexity"] == 3 * 2
+    assert "gpu=1" not in result.stdout
+    # The no-worse screen's test report: its chosen design beside today's recipe, on the CPU.
+    result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "no_worse_test.yaml"), "-n")
+    counts = job_counts(result.stdout)
+    assert counts["train_focus"] == 2 and counts["needle"] == 1 + 2 * 2 and counts["perplexity"] == 3 * 5
     assert "gpu=1" not in result.stdout
     # The CPU's speed tables: the chosen design trained once, then its adapter timed by every speed rule.
     result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "speed.yaml"), "-n")
