@@ -83,12 +83,13 @@ def test_tiny_profile_on_the_slurm_executor_asks_for_no_gpu(tmp_path):
 
 
 def test_the_screen_profiles_dry_run_their_designs(tmp_path):
-    """The no-worse screen: its 16 designs trained on one GPU each and studied; the router screen: two trainings of
-    the indexer (512- and 2K-token rows) and its recall screen with perplexity; the oracle floor: one design trained,
+    """The no-worse screen: its 16 designs trained on one GPU each and studied; the router screen: two trainings of the
+    indexer (512- and 2K-token rows) and its recall screen with perplexity; the oracle floor: one design trained,
     scored, and screened beside the oracle; the routing screens: five untrained designs each, screened; the GPU
     profile: the router screen and the speed rows on one GPU; the peers: four training-free selectors beside the
-    chosen design, on one GPU each; the forgetting screen: eight designs on one GPU, the chosen one on test on the CPU;
-    the no-worse screen's test report on the CPU; the speed tables: the chosen design's adapter timed by every speed rule."""
+    chosen design, on one GPU each; the forgetting screen: eight designs on one GPU, the chosen one on test on the
+    CPU; the no-worse screen's test report on the CPU; the speed tables: the chosen design's adapter timed by every
+    speed rule."""
     result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "no_worse.yaml"), "-n")
     counts = job_counts(result.stdout)
     assert counts["train_focus"] == 16 and counts["study"] == 1 and counts["needle"] == 1 + 2 * 16
