@@ -80,6 +80,21 @@ def test_evaluation_profile_resolves_the_lora_grid_and_the_methods_of_each_stage
     assert profile["long_context"]["methods"] == ["pretrained", "focus-soft", "focus-hard", *peers]
 
 
+def test_long_context_modes_leave_the_soft_mode_out_of_the_long_context_stages_alone():
+    """`long_context.modes: [hard]` (configs/no_worse_test.yaml): the pass-key and long perplexity score the hard
+    model only, perplexity at 512 both modes; unset, the key stays out of the resolved profile (its hash unchanged)."""
+    config = yaml.safe_load((ROOT / "configs" / "tiny-eval.yaml").read_text())
+    assert "modes" not in resolve_profile(config, SCHEMA)["long_context"]
+    config["long_context"]["modes"] = ["hard"]
+    profile = resolve_profile(config, SCHEMA)
+    assert profile["long_context"]["methods"] == ["pretrained", "focus-hard", "quest@0.21", "clusters@0.19",
+                                                  "streaming@0.25"]
+    assert {"focus-soft", "focus-hard"} <= set(profile["models"]["smollm2"]["methods"])
+    config["long_context"]["modes"] = ["dense"]
+    with pytest.raises(ConfigError, match="long_context.modes"):
+        resolve_profile(config, SCHEMA)
+
+
 def test_peers_run_hard_under_the_first_variants_window_with_their_selector_and_budget():
     config = tiny()
     config["variants"] = {"w64": {"window": 64}, "w256": {"window": 256}}

@@ -287,7 +287,9 @@ def _evaluation_sections(config: dict[str, Any], models: dict[str, Any], methods
     if config.get("long_context") is not None:
         long_context = {"batch_size": 1, "max_tokens": None, "needle": None, "ruler": None, **config["long_context"]}
         long_context["models"] = _section_models("long_context", long_context, models)
-        long_context["methods"] = [PRETRAINED, *focus_methods, *peer_methods]  # each model's own: see its methods
+        modes = long_context.get("modes", MODES)  # (the key stays unset where a profile does not set it: its hash)
+        scored = [method for method in focus_methods if method_variant(method)[1] in modes]
+        long_context["methods"] = [PRETRAINED, *scored, *peer_methods]  # each model's own: see its methods
         domain = long_context["domain"]
         if "test" not in config["data"]["domains"].get(domain, []):
             raise ConfigError(f"data.domains.{domain}: long_context needs split 'test'; list it there")
