@@ -15,18 +15,19 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 STAMP = "*Made at commit "
 
 LEGACY = {
-    "forgetting_screen_test.md", "forgetting_screen_validation.md", "no_worse_lengths.md",
-    "no_worse_lengths_validation.md", "no_worse_screen2_validation.md", "no_worse_screen3_validation.md",
-    "no_worse_screen4_validation.md", "no_worse_test.md", "no_worse_top1_validation.md", "no_worse_validation.md",
-    "passkey_peers.md", "peers.md", "peers_against_mix50_kl10.md", "peers_against_mix50_kl10_top1.md",
-    "ruler_screen_no_worse.md", "ruler_screen_peers.md", "ruler_screen_peers_4k.md", "ruler_screen_screen.md",
-    "study_part1.md", "study_part2.md", "study_part3.md", "study_part4.md",
+    "forgetting_screen_validation.md", "no_worse_lengths.md", "no_worse_lengths_validation.md",
+    "no_worse_screen2_validation.md", "no_worse_screen3_validation.md", "no_worse_screen4_validation.md",
+    "no_worse_test.md", "no_worse_top1_validation.md", "no_worse_validation.md", "passkey_peers.md", "peers.md",
+    "peers_against_mix50_kl10.md", "peers_against_mix50_kl10_top1.md", "ruler_screen_no_worse.md",
+    "ruler_screen_peers.md", "ruler_screen_peers_4k.md", "ruler_screen_screen.md", "study_part1.md",
+    "study_part2.md", "study_part3.md", "study_part4.md",
 }
 """Cited tables without the provenance line, 54 of 66 at the start; eight speed tables left when the docs came to quote
-the speed profile's snapshot (benchmarks/results/speed/), part 4's oracle test when configs/study.yaml took it on, the
-oracle floor's when its profile re-made every row, the two routing screens' when theirs did (configs/routing_designs.yaml
-and routing_shapes.yaml), FlexAttention's when the speed profile's microbenchmark re-made it. Their text says the
-machine; `git log` the commit they came with."""
+the speed profile's snapshot (benchmarks/results/speed/), part 4's oracle test when configs/study.yaml took it on,
+the oracle floor's when its profile re-made every row, the two routing screens' when theirs did
+(configs/routing_designs.yaml and routing_shapes.yaml), FlexAttention's when the speed profile's microbenchmark
+re-made it, part 5's test report when configs/forgetting_test.yaml did. Their text says the machine; `git log` the
+commit they came with."""
 
 
 BRACES = re.compile(r"([\w\-/.]*)\{([\w,]+)\}([\w\-]*\.(?:md|csv|png|svg|json)\b)?")
