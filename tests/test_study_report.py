@@ -94,3 +94,6 @@ def test_study_frame_sets_every_corpus_against_pretrained_and_counts_the_pass_ke
     assert list(frame.columns[2:4]) == ["books_validation", "books_validation_hard"]  # the choice's column first
     assert (row["needle_1024_hard"], row["needle_2048_hard"], base["needle_2048"]) == (1.0, 0.0, 0.5)
     assert (row["key_logprob_2048_hard"], base["key_logprob_1024"]) == (-3.0, -1.0)
+    # The trade-off reads both corpora on validation where the study scores both there (test only where it must).
+    point = tradeoff_points(frame, "books", "wikitext2").set_index("design").loc["a (hard)"]
+    assert point["other_change"] == pytest.approx(row["wikitext2_validation_hard"] / base["wikitext2_validation"] - 1)

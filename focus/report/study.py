@@ -180,24 +180,30 @@ def plot_study_curves(frame: pd.DataFrame, metrics: list[str | Path], summaries:
 
 
 def tradeoff_points(frame: pd.DataFrame, domain: str, other: str, split: str = "validation") -> pd.DataFrame:
-    """One point per design and mode of a study table: the change against pretrained on `domain` (`split`) and on
-    `other` (its test split, the only one the study scores), the share of distant pairs the mode keeps (soft keeps
-    every pair: 1), and pass-key accuracy where measured."""
+    """One point per design and mode of a study table: the change against pretrained on `domain` and on `other`, both
+    on `split` where the profile scores `other` there (else `other`'s test split), the share of distant pairs the mode
+    keeps (soft keeps every pair: 1), and pass-key accuracy where measured."""
     base = frame.loc[frame["design"] == PRETRAINED]
-    if base.empty or f"{other}_test" not in frame:
+    other_split = tradeoff_other_split(frame, other, split)
+    if base.empty or other_split is None:
         return pd.DataFrame()
-    other_base = base[f"{other}_test"].iloc[0]
+    other_base = base[f"{other}_{other_split}"].iloc[0]
     points = []
     for _, row in frame[frame["design"] != PRETRAINED].iterrows():
         for mode in ("soft", "hard"):
             change = row.get(f"{domain}_{split}_{mode}_vs_pretrained")
-            if pd.isna(change) or pd.isna(row.get(f"{other}_test_{mode}")):
+            if pd.isna(change) or pd.isna(row.get(f"{other}_{other_split}_{mode}")):
                 continue
             points.append({"design": f"{row['design']} ({mode})", "domain_change": change,
-                           "other_change": row[f"{other}_test_{mode}"] / other_base - 1,
+                           "other_change": row[f"{other}_{other_split}_{mode}"] / other_base - 1,
                            "distant_kept": 1.0 if mode == "soft" else row.get("distant_kept"),
                            "passkey": row.get(f"needle_{mode}")})
     return pd.DataFrame(points)
+
+
+def tradeoff_other_split(frame: pd.DataFrame, other: str, split: str = "validation") -> str | None:
+    """The split the trade-off reads `other` on: `split` where the study table has it, else test, else None."""
+    return next((s for s in (split, "test") if f"{other}_{s}" in frame), None)
 
 
 def plot_tradeoff(points: pd.DataFrame, figure: str | Path, domain: str, other: str, note: str = "") -> None:
@@ -258,6 +264,7 @@ def write_study(
     plot_study_curves(frame, _of_model(metrics, model), _of_model(summaries, model), domain, figure)
     if tradeoff is not None:
         points = tradeoff_points(frame, domain, other_domain)
+        other_split = tradeoff_other_split(frame, other_domain)
         plot_tradeoff(points, tradeoff, domain, other_domain, f"{model}: {domain} validation split, {other_domain} "
-                      "test split")
+                      f"{other_split} split")
     return frame
