@@ -132,19 +132,37 @@ SNAPSHOT = RESULTS / "tiny-eval"
 configs/tiny-eval.yaml`)."""
 
 
+def unquoted(section: str, tables: list[Path], percent: bool = False) -> tuple[list[str], list[str]]:
+    """(every decimal in the Markdown table rows of `section`, past their first column; those that are no value of
+    `tables` at the precision shown, or with `percent` no value x 100 either, sign included)."""
+    rows = [line.strip() for line in section.splitlines() if line.strip().startswith("| ") and "---" not in line]
+    decimal = re.compile(r"[-+]?(?<![\d,.])\d+\.\d+(?!\d|,\d)")  # (not a piece of 16,384)
+    quoted = [number for row in rows for number in decimal.findall(row.split("|", 2)[2])]
+    frames = [pd.read_csv(table).select_dtypes("number") for table in tables]
+    values = [float(value) for frame in frames for column in frame.columns for value in frame[column].dropna()]
+    values += [100 * value for value in values] if percent else []
+    return quoted, [number for number in quoted
+                    if not any(round(value, len(number.split(".")[1])) == float(number) for value in values)]
+
+
 def test_the_evaluation_page_quotes_its_snapshot():
     """Every decimal in docs/evaluation.md's measured tables (between the sentence that names the snapshot and the
     comparison with the earlier run) is a value of one of the snapshot's tables at the precision shown: a number
     pasted from another run, or left standing when the snapshot changed, fails."""
     text = (ROOT / "docs" / "evaluation.md").read_text()
     section = text[text.index("Every number below is in"):text.index("**Re-made from nothing")]
-    quoted = [number for line in section.splitlines() if line.startswith("| ") and "---" not in line
-              for number in re.findall(r"(?<![\d,.])\d+\.\d+(?![\d,])", line.split("|", 2)[2])]
-    frames = [pd.read_csv(table).select_dtypes("number") for table in (SNAPSHOT / "tables").glob("*.csv")]
-    values = [float(value) for frame in frames for column in frame.columns for value in frame[column].dropna()]
-    missing = [number for number in quoted
-               if not any(round(value, len(number.split(".")[1])) == float(number) for value in values)]
+    quoted, missing = unquoted(section, sorted((SNAPSHOT / "tables").glob("*.csv")))
     assert len(quoted) > 60 and not missing, missing
+
+
+def test_the_forgetting_report_quotes_its_snapshot():
+    """docs/study.md's part-5 test table (configs/forgetting_test.yaml): each perplexity, change, bound and share is a
+    value of the snapshot's study table (changes and shares in percent)."""
+    text = (ROOT / "docs" / "study.md").read_text()
+    start = text.index("| test | kept |", text.index("profile `configs/forgetting_test.yaml`"))
+    quoted, missing = unquoted(text[start:text.index("\n\n", start)],
+                               [RESULTS / "forgetting_test" / "tables" / "study.csv"], percent=True)
+    assert len(quoted) == 9 and not missing, missing
 
 
 def test_the_notebook_runs_top_to_bottom_on_a_committed_snapshot(tmp_path):
