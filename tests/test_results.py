@@ -17,7 +17,7 @@ STAMP = "*Made at commit "
 LEGACY = {
     "forgetting_screen_validation.md", "no_worse_lengths.md", "no_worse_lengths_validation.md",
     "no_worse_screen2_validation.md", "no_worse_screen3_validation.md", "no_worse_screen4_validation.md",
-    "no_worse_test.md", "no_worse_top1_validation.md", "no_worse_validation.md", "passkey_peers.md", "peers.md",
+    "no_worse_top1_validation.md", "no_worse_validation.md", "passkey_peers.md", "peers.md",
     "peers_against_mix50_kl10.md", "peers_against_mix50_kl10_top1.md", "ruler_screen_no_worse.md",
     "ruler_screen_peers.md", "ruler_screen_peers_4k.md", "ruler_screen_screen.md", "study_part1.md",
     "study_part2.md", "study_part3.md", "study_part4.md",
