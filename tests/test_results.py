@@ -26,8 +26,8 @@ LEGACY = {
 the speed profile's snapshot (benchmarks/results/speed/), part 4's oracle test when configs/study.yaml took it on,
 the oracle floor's when its profile re-made every row, the two routing screens' when theirs did
 (configs/routing_designs.yaml and routing_shapes.yaml), FlexAttention's when the speed profile's microbenchmark
-re-made it, part 5's test report when configs/forgetting_test.yaml did. Their text says the machine; `git log` the
-commit they came with."""
+re-made it, part 5's and part 6's test reports when configs/forgetting_test.yaml and no_worse_test.yaml did. Their
+text says the machine; `git log` the commit they came with."""
 
 
 BRACES = re.compile(r"([\w\-/.]*)\{([\w,]+)\}([\w\-]*\.(?:md|csv|png|svg|json)\b)?")
@@ -74,8 +74,8 @@ def orphans(results: Path, cited: set[str]) -> list[str]:
     `T_layers.png` beside a cited `T.md`)."""
     stems = {SIDECAR.sub("", name) for name in cited}
     return sorted(path.name for path in results.iterdir() if path.is_file() and path.name not in cited
-                  and not any(SIDECAR.sub("", path.name) == stem or path.name.startswith(f"{stem}_")
-                              for stem in stems))
+                  and SIDECAR.sub("", path.name) not in stems
+                  and not any(path.name.startswith(f"{stem}_") for stem in stems))
 
 
 def test_every_committed_result_is_cited():
