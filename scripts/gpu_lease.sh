@@ -23,7 +23,7 @@ cd "$(dirname "$0")/.."
 PROFILE=${PROFILE:-configs/gpu.yaml}
 LEASE=.lease                       # here: the parts and their manifest (ignored by git; carried by name)
 STORE=${LEASE_STORE:-/root/lease}  # there: the parts received, then the payload unpacked
-PART_BYTES=${PART_BYTES:-48000000} # + the repository's ~14 MB stays under the 64 MiB a call carries
+CALL_BYTES=$((64 * 1048576))      # what one call carries, the working tree included
 PYTHON_TAG=${PYTHON_TAG:-3.12}     # the borrowed machine's python3
 # What the lent H200's image already holds (/work/.library/device/KINDS.md, 2026-11-17) among the packages'
 # dependencies; pulp is the solver of Snakemake's ILP scheduler, which `run` replaces by the greedy one.
@@ -67,7 +67,13 @@ PY
   for name in $ON_THE_IMAGE; do rm -f "$build/payload/wheels/$name"-[0-9]*.whl; done
   tar -czf "$build/payload.tar.gz" -C "$build/payload" .
   rm -f "$LEASE"/part.*
-  split -b "$PART_BYTES" -d "$build/payload.tar.gz" "$LEASE/part."
+  # Each part travels beside the working tree, which grows with every committed snapshot: its room is measured, with
+  # 2 MiB kept for the manifest and untracked files.
+  local tree part_bytes
+  tree=$(git ls-files -z | xargs -0 cat 2>/dev/null | wc -c || true)  # (a file deleted but not yet committed: skipped)
+  part_bytes=${PART_BYTES:-$((CALL_BYTES - tree - 2 * 1048576))}
+  ((part_bytes > 8 * 1048576)) || { echo "the tracked tree ($tree bytes) leaves no room for a part" >&2; return 1; }
+  split -b "$part_bytes" -d "$build/payload.tar.gz" "$LEASE/part."
   { echo "profile $PROFILE"; echo "sha256 $(sha256sum "$build/payload.tar.gz" | cut -d' ' -f1)";
     (cd "$LEASE" && ls part.*) | sed 's/^/part /'; } > "$LEASE/manifest"
   ls -l "$LEASE"
