@@ -87,7 +87,7 @@ def test_the_screen_profiles_dry_run_their_designs(tmp_path):
     indexer (512- and 2K-token rows) and its recall screen with perplexity; the oracle floor: one design trained,
     scored, and screened beside the oracle; the routing screens: five untrained designs each, screened; the GPU
     profile: the router screen and the speed rows on one GPU; the peers: four training-free selectors beside the
-    chosen design, on one GPU each; the forgetting screen: eight designs on one GPU, the chosen one on test on the
+    chosen design, on one GPU each, and three of them without RULER on the CPU; the forgetting screen: eight designs on one GPU, the chosen one on test on the
     CPU; the no-worse screen's test report on the CPU; the speed tables: the chosen design's adapter timed by every
     speed rule."""
     result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "no_worse.yaml"), "-n")
@@ -128,6 +128,11 @@ def test_the_screen_profiles_dry_run_their_designs(tmp_path):
     result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "no_worse_test.yaml"), "-n")
     counts = job_counts(result.stdout)
     assert counts["train_focus"] == 2 and counts["needle"] == 1 + 2 and counts["perplexity"] == 3 * 5  # hard only
+    assert "gpu=1" not in result.stdout
+    # The peers without RULER, on the CPU: three selectors beside the chosen design, hard, to the pass-key at 4K.
+    result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "peers_test.yaml"), "-n")
+    counts = job_counts(result.stdout)
+    assert counts["peer"] == 3 and counts["peers_table"] == 1 and counts["needle"] == 1 + 1 + 3 and "ruler" not in counts
     assert "gpu=1" not in result.stdout
     # The CPU's speed tables: the chosen design trained once, then its adapter timed by every speed rule.
     result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "speed.yaml"), "-n")
