@@ -76,7 +76,13 @@ def test_minimal_run_writes_sane_artifacts(mini_run):
     assert lengths.loc["truthfulqa_mc1", "share_focus_differs"] == 1.0  # the 6-shot preamble is longer than 32 tokens
     assert json.loads((results / "train" / "tiny-qwen2" / "lora_r2_lr1e-3" / "adapter" / "adapter_config.json").read_text())["r"] == 2
     long_context = pd.read_csv(results / "tables" / "long_context.csv")
-    assert set(long_context["measure"]) == {"perplexity", "needle_accuracy", "needle_key_logprob"}
+    assert set(long_context["measure"]) == {"perplexity", "needle_accuracy", "needle_key_logprob", "perplexity_change",
+                                            "perplexity_change_low", "perplexity_change_high"}
+    change = long_context[long_context["measure"].str.startswith("perplexity_change")].pivot_table(
+        index=["method", "context_length"], columns="measure", values="value")
+    assert "pretrained" not in change.index.get_level_values("method")  # (the change is against it)
+    assert ((change["perplexity_change_low"] <= change["perplexity_change"])
+            & (change["perplexity_change"] <= change["perplexity_change_high"])).all()
     ruler = pd.read_csv(results / "tables" / "ruler.csv")  # niah_single_2 reads essays from the hub: skipped
     assert len(ruler) == 4 and set(ruler["task"]) == {"niah_single_1"} and set(ruler["documents"]) == {1}  # + the peer
     record = json.loads((results / "long_context" / "tiny-qwen2" / "focus-hard" / "ruler.json").read_text())

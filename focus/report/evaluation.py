@@ -13,6 +13,7 @@ import pandas as pd
 
 from focus.artifacts import markdown_table, panels, pyplot, save_figure
 from focus.eval.harness import CHAT_TASKS, HEADLINE
+from focus.eval.paired import paired_ratio
 from focus.files import write_text
 from focus.pipeline.methods import PRETRAINED, method_kind, parse_lora_name
 
@@ -106,12 +107,23 @@ def lora_frame(summaries: list[str | Path], perplexity_records: list[str | Path]
 
 
 def long_context_frame(perplexity_records: list[str | Path], needle_records: list[str | Path]) -> pd.DataFrame:
-    """One row per (model, method, measure, context length): perplexity, or needle accuracy and mean key log-prob."""
+    """One row per (model, method, measure, context length): perplexity, its change against the pretrained model on
+    the same windows with the paired 95% interval (`perplexity_change`, `_low`, `_high`; where both were scored on two
+    windows or more), or needle accuracy and mean key log-prob."""
     rows = []
-    for path in perplexity_records:
-        record = json.loads(Path(path).read_text())
-        rows.append({"model": record["model"], "method": record["method"], "measure": "perplexity",
-                     "context_length": record["context_length"], "value": record["perplexity"], "trials": None})
+    records = [json.loads(Path(path).read_text()) for path in perplexity_records]
+    pretrained = {(r["model"], r["context_length"]): r for r in records if r["method"] == PRETRAINED}
+    for record in records:
+        cell = {"model": record["model"], "method": record["method"], "context_length": record["context_length"],
+                "trials": None}
+        rows.append({**cell, "measure": "perplexity", "value": record["perplexity"]})
+        base = pretrained.get((record["model"], record["context_length"]))
+        if record["method"] == PRETRAINED or base is None or min(len(record.get("window_nll") or ()),
+                                                                 len(base.get("window_nll") or ())) < 2:
+            continue
+        change = paired_ratio(record["window_nll"], base["window_nll"])
+        rows += [{**cell, "measure": f"perplexity_change{suffix}", "value": value}
+                 for suffix, value in zip(("", "_low", "_high"), change)]
     for path in needle_records:
         record = json.loads(Path(path).read_text())
         trials = pd.DataFrame(record["trials"])

@@ -1,0 +1,32 @@
+"""The long-context table: each method's perplexity per length and its change against the pretrained model on the
+same windows, with the paired interval (the screens quoted that interval; the table gave perplexities alone)."""
+
+import json
+import math
+
+import pytest
+
+from focus.eval.paired import paired_ratio
+from focus.report.evaluation import long_context_frame
+
+
+def record(tmp_path, method: str, context_length: int, window_nll: list[float]) -> str:
+    path = tmp_path / f"{method}-{context_length}.json"
+    nll = sum(window_nll) / len(window_nll)
+    path.write_text(json.dumps({"model": "m", "method": method, "context_length": context_length,
+                                "perplexity": math.exp(nll), "window_nll": window_nll}))
+    return str(path)
+
+
+def test_each_method_is_paired_with_pretrained_at_its_own_length(tmp_path):
+    records = [record(tmp_path, "pretrained", 512, [3.0, 3.2, 2.9]), record(tmp_path, "focus-hard", 512, [3.1, 3.2, 3.0]),
+               record(tmp_path, "pretrained", 2048, [3.5, 3.4]), record(tmp_path, "focus-hard", 2048, [3.5, 3.6]),
+               record(tmp_path, "focus-hard", 4096, [3.3, 3.4]),  # no pretrained at 4096: no change
+               record(tmp_path, "pretrained", 8192, [3.3]), record(tmp_path, "focus-hard", 8192, [3.4])]  # one window
+    frame = long_context_frame(records, [])
+    change = frame[frame["measure"].str.startswith("perplexity_change")]
+    assert set(change["method"]) == {"focus-hard"} and set(change["context_length"]) == {512, 2048}
+    at_512 = change[change["context_length"] == 512].set_index("measure")["value"]
+    expected = paired_ratio([3.1, 3.2, 3.0], [3.0, 3.2, 2.9])
+    assert tuple(at_512[["perplexity_change", "perplexity_change_low", "perplexity_change_high"]]) == pytest.approx(expected)
+    assert len(frame[frame["measure"] == "perplexity"]) == 7  # every record keeps its perplexity row
