@@ -14,7 +14,8 @@ def record(tmp_path, method: str, context_length: int, window_nll: list[float]) 
     path = tmp_path / f"{method}-{context_length}.json"
     nll = sum(window_nll) / len(window_nll)
     path.write_text(json.dumps({"model": "m", "method": method, "context_length": context_length,
-                                "perplexity": math.exp(nll), "window_nll": window_nll}))
+                                "perplexity": math.exp(nll), "window_nll": window_nll,
+                                "distant_kept": None if method == "pretrained" else 0.25}))
     return str(path)
 
 
@@ -30,3 +31,5 @@ def test_each_method_is_paired_with_pretrained_at_its_own_length(tmp_path):
     expected = paired_ratio([3.1, 3.2, 3.0], [3.0, 3.2, 2.9])
     assert tuple(at_512[["perplexity_change", "perplexity_change_low", "perplexity_change_high"]]) == pytest.approx(expected)
     assert len(frame[frame["measure"] == "perplexity"]) == 7  # every record keeps its perplexity row
+    kept = frame[frame["measure"] == "distant_kept"]
+    assert len(kept) == 4 and set(kept["method"]) == {"focus-hard"} and set(kept["value"]) == {0.25}

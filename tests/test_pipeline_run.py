@@ -77,7 +77,7 @@ def test_minimal_run_writes_sane_artifacts(mini_run):
     assert json.loads((results / "train" / "tiny-qwen2" / "lora_r2_lr1e-3" / "adapter" / "adapter_config.json").read_text())["r"] == 2
     long_context = pd.read_csv(results / "tables" / "long_context.csv")
     assert set(long_context["measure"]) == {"perplexity", "needle_accuracy", "needle_key_logprob", "perplexity_change",
-                                            "perplexity_change_low", "perplexity_change_high"}
+                                            "perplexity_change_low", "perplexity_change_high", "distant_kept"}
     change = long_context[long_context["measure"].str.startswith("perplexity_change")].pivot_table(
         index=["method", "context_length"], columns="measure", values="value")
     assert "pretrained" not in change.index.get_level_values("method")  # (the change is against it)

@@ -109,7 +109,8 @@ def lora_frame(summaries: list[str | Path], perplexity_records: list[str | Path]
 def long_context_frame(perplexity_records: list[str | Path], needle_records: list[str | Path]) -> pd.DataFrame:
     """One row per (model, method, measure, context length): perplexity, its change against the pretrained model on
     the same windows with the paired 95% interval (`perplexity_change`, `_low`, `_high`; where both were scored on two
-    windows or more), or needle accuracy and mean key log-prob."""
+    windows or more), the share of distant pairs a hard method keeps (`distant_kept`), or needle accuracy and mean key
+    log-prob."""
     rows = []
     records = [json.loads(Path(path).read_text()) for path in perplexity_records]
     pretrained = {(r["model"], r["context_length"]): r for r in records if r["method"] == PRETRAINED}
@@ -117,6 +118,8 @@ def long_context_frame(perplexity_records: list[str | Path], needle_records: lis
         cell = {"model": record["model"], "method": record["method"], "context_length": record["context_length"],
                 "trials": None}
         rows.append({**cell, "measure": "perplexity", "value": record["perplexity"]})
+        if record.get("distant_kept") is not None:  # (hard methods: the share of distant pairs their pattern keeps)
+            rows.append({**cell, "measure": "distant_kept", "value": record["distant_kept"]})
         base = pretrained.get((record["model"], record["context_length"]))
         if record["method"] == PRETRAINED or base is None or min(len(record.get("window_nll") or ()),
                                                                  len(base.get("window_nll") or ())) < 2:
