@@ -20,7 +20,8 @@ def record(tmp_path, method: str, context_length: int, window_nll: list[float]) 
 
 
 def test_each_method_is_paired_with_pretrained_at_its_own_length(tmp_path):
-    records = [record(tmp_path, "pretrained", 512, [3.0, 3.2, 2.9]), record(tmp_path, "focus-hard", 512, [3.1, 3.2, 3.0]),
+    records = [record(tmp_path, "pretrained", 512, [3.0, 3.2, 2.9]),
+               record(tmp_path, "focus-hard", 512, [3.1, 3.2, 3.0]),
                record(tmp_path, "pretrained", 2048, [3.5, 3.4]), record(tmp_path, "focus-hard", 2048, [3.5, 3.6]),
                record(tmp_path, "focus-hard", 4096, [3.3, 3.4]),  # no pretrained at 4096: no change
                record(tmp_path, "pretrained", 8192, [3.3]), record(tmp_path, "focus-hard", 8192, [3.4])]  # one window
@@ -29,7 +30,8 @@ def test_each_method_is_paired_with_pretrained_at_its_own_length(tmp_path):
     assert set(change["method"]) == {"focus-hard"} and set(change["context_length"]) == {512, 2048}
     at_512 = change[change["context_length"] == 512].set_index("measure")["value"]
     expected = paired_ratio([3.1, 3.2, 3.0], [3.0, 3.2, 2.9])
-    assert tuple(at_512[["perplexity_change", "perplexity_change_low", "perplexity_change_high"]]) == pytest.approx(expected)
+    measures = ["perplexity_change", "perplexity_change_low", "perplexity_change_high"]
+    assert tuple(at_512[measures]) == pytest.approx(expected)
     assert len(frame[frame["measure"] == "perplexity"]) == 7  # every record keeps its perplexity row
     kept = frame[frame["measure"] == "distant_kept"]
     assert len(kept) == 4 and set(kept["method"]) == {"focus-hard"} and set(kept["value"]) == {0.25}
