@@ -225,6 +225,28 @@ def test_peers_table_pairs_each_peer_with_the_trained_router_on_the_same_windows
     assert "+3.05% [" in (tmp_path / "peers.md").read_text() and (tmp_path / "peers.png").stat().st_size > 10_000
 
 
+def test_peers_table_pairs_every_design_with_each_router_at_each_length(tmp_path):
+    """`peers.routers`: a second router (a lower budget) is a design paired against the first and a reference for
+    every peer; records at a second context length (the long-context stages') make cells of their own."""
+    shifts = {"focus-hard": {"books": 0.01, "wikitext2": 0.02}, "top1-hard": {"books": 0.04, "wikitext2": 0.06},
+              "quest@0.1": {"books": 0.05, "wikitext2": 0.09}}
+    kept = {"focus-hard": 0.3, "top1-hard": 0.1, "quest@0.1": 0.1}
+    (tmp_path / "long").mkdir()
+    records = []
+    for folder, length in ((tmp_path, 512), (tmp_path / "long", 2048)):  # (the same windows at both: only the cells)
+        for path in _perplexity_records(folder, shifts, kept):
+            path.write_text(json.dumps({**json.loads(path.read_text()), "context_length": length}))
+            records.append(path)
+    frame = write_peers(records, ["focus-hard", "top1-hard"], tmp_path / "peers.csv", None, "books", "wikitext2")
+    pairs = frame.set_index(["context_length", "domain", "design", "router"])
+    assert len(frame) == 2 * 2 * 4  # lengths x domains x (each router against the other, the peer against both)
+    assert pairs.loc[(2048, "wikitext2", "quest@0.1", "top1-hard"), "against_router"] == pytest.approx(math.expm1(0.03))
+    assert pairs.loc[(512, "books", "top1-hard", "focus-hard"), "against_router"] == pytest.approx(math.expm1(0.03))
+    table = (tmp_path / "peers.md").read_text()
+    assert "against focus-hard (95%)" in table and "against top1-hard (95%)" in table
+    assert len([line for line in table.splitlines() if "| quest@0.1" in line]) == 4  # one row per cell, not per pair
+
+
 @pytest.mark.parametrize(("quest_books", "verdict"), [(0.03, HOLDS), (0.005, FAILS)])
 def test_learned_router_verdict_compares_peers_at_its_budget(tmp_path, quest_books, verdict):
     shifts = {"focus-hard": {"books": 0.01, "wikitext2": 0.02},

@@ -10,10 +10,10 @@ from focus.eval.paired import paired_ratio
 from focus.report.evaluation import long_context_frame
 
 
-def record(tmp_path, method: str, context_length: int, window_nll: list[float]) -> str:
-    path = tmp_path / f"{method}-{context_length}.json"
+def record(tmp_path, method: str, context_length: int, window_nll: list[float], domain: str = "books") -> str:
+    path = tmp_path / f"{method}-{domain}-{context_length}.json"
     nll = sum(window_nll) / len(window_nll)
-    path.write_text(json.dumps({"model": "m", "method": method, "context_length": context_length,
+    path.write_text(json.dumps({"model": "m", "method": method, "domain": domain, "context_length": context_length,
                                 "perplexity": math.exp(nll), "window_nll": window_nll,
                                 "distant_kept": None if method == "pretrained" else 0.25}))
     return str(path)
@@ -35,3 +35,15 @@ def test_each_method_is_paired_with_pretrained_at_its_own_length(tmp_path):
     assert len(frame[frame["measure"] == "perplexity"]) == 7  # every record keeps its perplexity row
     kept = frame[frame["measure"] == "distant_kept"]
     assert len(kept) == 4 and set(kept["method"]) == {"focus-hard"} and set(kept["value"]) == {0.25}
+
+
+def test_each_corpus_is_paired_with_pretrained_on_its_own_windows(tmp_path):
+    """`long_context.domains`: the same method and length on two corpora, each against pretrained on that corpus."""
+    records = [record(tmp_path, "pretrained", 2048, [3.0, 3.2], "books"),
+               record(tmp_path, "focus-hard", 2048, [3.1, 3.3], "books"),
+               record(tmp_path, "pretrained", 2048, [2.0, 2.2], "wikitext2"),
+               record(tmp_path, "focus-hard", 2048, [2.0, 2.3], "wikitext2")]
+    frame = long_context_frame(records, [])
+    change = frame[frame["measure"] == "perplexity_change"].set_index("domain")["value"]
+    assert change["books"] == pytest.approx(math.expm1(0.1))
+    assert change["wikitext2"] == pytest.approx(paired_ratio([2.0, 2.3], [2.0, 2.2])[0])

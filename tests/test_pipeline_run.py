@@ -94,8 +94,11 @@ def test_minimal_run_writes_sane_artifacts(mini_run):
     # The training-free peer: built (never trained) with its selector, scored on the trained router's windows.
     peer = json.loads((results / "peers" / "tiny-qwen2" / "quest@0.5" / "adapter" / "focus_config.json").read_text())
     assert (peer["focus_config"]["selector"], peer["focus_config"]["budget"]) == ("quest", 0.5)
-    peers = pd.read_csv(results / "tables" / "peers.csv").set_index("design")
-    assert list(peers.index) == ["focus-hard", "quest@0.5"] and (peers["domain"] == "books").all()
+    peers = pd.read_csv(results / "tables" / "peers.csv")  # at the perplexity context and the long-context one
+    assert list(zip(peers["context_length"], peers["design"])) == [(64, "focus-hard"), (64, "quest@0.5"),
+                                                                   (128, "focus-hard"), (128, "quest@0.5")]
+    assert (peers["domain"] == "books").all()
+    peers = peers[peers["context_length"] == 128].set_index("design")
     assert 0 < peers.loc["focus-hard", "distant_kept"] < 1 and 0.5 <= peers.loc["quest@0.5", "distant_kept"] < 1
     assert math.isfinite(peers.loc["quest@0.5", "against_router"])
     router = claims.set_index("claim").loc["a learned router beats training-free selection at the same budget"]

@@ -305,6 +305,18 @@ BAD = {
                                       "peers.selectors oracle@0.3: FocusConfig.selector must be one of"),
     "peer that is the trained router": (lambda c: c.update(peers={"selectors": ["centroids@0.3"]}),
                                         "peers.selectors centroids@0.3: 'centroids' is the trained router"),
+    "peers paired against no variant": (lambda c: c.update(peers={"selectors": ["quest@0.3"], "routers": ["nope"]}),
+                                        "peers.routers: ['nope'] name no variant of this profile"),
+    "long context on a second corpus without a test split": (
+        lambda c: c.update(long_context={"domain": "books", "domains": ["books", "wikitext2"], "context_lengths": [512]})
+        or c["data"]["domains"].update(wikitext2=["validation"]) or c["perplexity"].update(domains=["books"]),
+        "data.domains.wikitext2: long_context needs split 'test'",
+    ),
+    "pass-key of a method the long-context stages do not score": (
+        lambda c: c.update(long_context={"domain": "books", "context_lengths": [512], "modes": ["hard"], "needle": {
+            "lengths": [512], "depths": [0.5], "trials": 1, "methods": ["focus-soft"]}}),
+        "long_context.needle.methods: ['focus-soft'] are not among the long-context methods",
+    ),
     "peer budget above one": (lambda c: c.update(peers={"selectors": ["quest@1.5"]}),
                               "peers.selectors quest@1.5: FocusConfig.budget must be in [0, 1], got 1.5"),
     "peer without a budget": (lambda c: c.update(peers={"selectors": ["quest"]}),

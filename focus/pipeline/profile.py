@@ -133,7 +133,7 @@ def resolve_profile(config: dict[str, Any], schema: dict[str, Any]) -> dict[str,
         for groups, window, top_k in settings:
             _focus_dict(f"benchmark.{where}", {"num_groups": groups, "window": window, "top_k": top_k})
     if config.get("peers") is not None:
-        profile["peers"] = _peers_dict(config["peers"], models)
+        profile["peers"] = _peers_dict(config["peers"], models, variants)
     profile.update(_evaluation_sections(config, models, profile["methods"], profile.get("peers")))
     if config.get("interpret") is not None:
         profile["interpret"] = _interpret_dict(config["interpret"], models)
@@ -239,10 +239,11 @@ def _interpret_dict(section: dict[str, Any], models: dict[str, Any]) -> dict[str
     return {"models": chosen, **to_dict(fields)}
 
 
-def _peers_dict(section: dict[str, Any], models: dict[str, Any]) -> dict[str, Any]:
-    """The `peers` section resolved: `models` (default all), `methods` (the selectors' names as written), and per
-    covered model `peers` ({name: FocusConfig dict}): its first variant's config, hard, with that selector and budget
-    (the same window, sinks and groups as the trained router it is compared with)."""
+def _peers_dict(section: dict[str, Any], models: dict[str, Any], variants: dict[str, Any]) -> dict[str, Any]:
+    """The `peers` section resolved: `models` (default all), `methods` (the selectors' names as written), `routers`
+    where set (the variants, trained, that every peer is paired against; checked), and per covered model `peers`
+    ({name: FocusConfig dict}): its first variant's config, hard, with that selector and budget (the same window,
+    sinks and groups as the trained router it is compared with)."""
     chosen = _section_models("peers", section, models)
     for name in chosen:
         first = next(iter(models[name]["variants"].values()))
@@ -254,7 +255,13 @@ def _peers_dict(section: dict[str, Any], models: dict[str, Any]) -> dict[str, An
                 raise ConfigError(f"{where}: 'centroids' is the trained router, not a training-free peer")
             models[name]["peers"][peer] = _focus_dict(where, {**first, "mode": "hard", "selector": selector,
                                                               "budget": budget})
-    return {"models": chosen, "methods": list(section["selectors"])}
+    resolved = {"models": chosen, "methods": list(section["selectors"])}
+    if "routers" in section:  # (only where set: the hash of every profile that does not name them stays as it was)
+        unknown = [router for router in section["routers"] if router not in variants]
+        if unknown:
+            raise ConfigError(f"peers.routers: {unknown} name no variant of this profile {sorted(variants)}")
+        resolved["routers"] = list(section["routers"])
+    return resolved
 
 
 def _evaluation_sections(config: dict[str, Any], models: dict[str, Any], methods: list[str],
@@ -290,9 +297,14 @@ def _evaluation_sections(config: dict[str, Any], models: dict[str, Any], methods
         modes = long_context.get("modes", MODES)  # (the key stays unset where a profile does not set it: its hash)
         scored = [method for method in focus_methods if method_variant(method)[1] in modes]
         long_context["methods"] = [PRETRAINED, *scored, *peer_methods]  # each model's own: see its methods
-        domain = long_context["domain"]
-        if "test" not in config["data"]["domains"].get(domain, []):
-            raise ConfigError(f"data.domains.{domain}: long_context needs split 'test'; list it there")
+        for domain in dict.fromkeys([long_context["domain"], *long_context.get("domains", [])]):
+            if "test" not in config["data"]["domains"].get(domain, []):
+                raise ConfigError(f"data.domains.{domain}: long_context needs split 'test'; list it there")
+        unscored = [method for method in (long_context["needle"] or {}).get("methods", [])
+                    if method not in long_context["methods"]]
+        if unscored:
+            raise ConfigError(f"long_context.needle.methods: {unscored} are not among the long-context methods "
+                              f"{long_context['methods']}")
         resolved["long_context"] = long_context
     return resolved
 

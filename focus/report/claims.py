@@ -248,20 +248,23 @@ def _learned_router(r):
         return None
     peers = peers[peers["model"] == r["main_model"]] if r["main_model"] in set(peers["model"]) else peers
     kept = peers.groupby("design")["distant_kept"].mean()
-    router = peers.loc[peers["kind"] == "trained", "design"].iloc[0]
-    rivals = peers[peers["kind"] == "peer"]
+    router = peers.loc[peers["kind"] == "trained", "design"].iloc[0]  # (the main router; others train other budgets)
+    rivals = peers[(peers["kind"] == "peer") & ((peers["router"] == router) if "router" in peers else True)]
     worst = rivals.groupby("design")["against_router"].min()  # above zero everywhere: the router wins everywhere
     low, high = kept[router] - SAME_BUDGET, kept[router] + SAME_BUDGET
     supports = [d for d in worst.index if worst[d] > 0 and kept[d] >= low]
     refutes = [d for d in worst.index if worst[d] <= 0 and kept[d] <= high]
     richer = [d for d in worst.index if worst[d] <= 0 and kept[d] > high]  # wins, but with more pairs
-    setting = (f"{peers['model'].iloc[0]}, {', '.join(sorted(set(peers['domain'])))} test splits, same window and "
-               f"sinks, hard; {router} keeps {kept[router]:.0%} of distant pairs, the same budget within "
+    lengths = sorted({int(n) for n in peers.get("context_length", pd.Series(dtype=float)).dropna()})
+    at = f" at {' and '.join(map(str, lengths))} tokens" if lengths else ""
+    setting = (f"{peers['model'].iloc[0]}, {', '.join(sorted(set(peers['domain'])))} test splits{at}, same window "
+               f"and sinks, hard; {router} keeps {kept[router]:.0%} of distant pairs, the same budget within "
                f"{SAME_BUDGET:.0%}")
     compared = rivals[rivals["design"].isin(supports + refutes)] if supports or refutes else rivals
     closest = compared.loc[compared["against_router"].idxmin()]
     ours = "; ".join(f"{design} (kept {kept[design]:.0%}) {worst[design]:+.1%} at worst" for design in worst.index)
-    ours = (f"peer perplexity over {router}'s: {ours}; smallest margin {closest['design']} on {closest['domain']} "
+    where = closest["domain"] + (f" at {int(closest['context_length'])}" if len(lengths) > 1 else "")
+    ours = (f"peer perplexity over {router}'s: {ours}; smallest margin {closest['design']} on {where} "
             f"{closest['against_router']:+.2%} [{closest['against_router_low']:+.2%}, "
             f"{closest['against_router_high']:+.2%}]")
     if richer:

@@ -107,20 +107,20 @@ def lora_frame(summaries: list[str | Path], perplexity_records: list[str | Path]
 
 
 def long_context_frame(perplexity_records: list[str | Path], needle_records: list[str | Path]) -> pd.DataFrame:
-    """One row per (model, method, measure, context length): perplexity, its change against the pretrained model on
-    the same windows with the paired 95% interval (`perplexity_change`, `_low`, `_high`; where both were scored on two
-    windows or more), the share of distant pairs a hard method keeps (`distant_kept`), or needle accuracy and mean key
-    log-prob."""
+    """One row per (model, method, corpus, measure, context length): perplexity, its change against the pretrained
+    model on the same windows with the paired 95% interval (`perplexity_change`, `_low`, `_high`; where both were
+    scored on two windows or more), the share of distant pairs a hard method keeps (`distant_kept`), or needle accuracy
+    and mean key log-prob (the corpus: the haystack's, where the record names it)."""
     rows = []
     records = [json.loads(Path(path).read_text()) for path in perplexity_records]
-    pretrained = {(r["model"], r["context_length"]): r for r in records if r["method"] == PRETRAINED}
+    pretrained = {(r["model"], r.get("domain"), r["context_length"]): r for r in records if r["method"] == PRETRAINED}
     for record in records:
-        cell = {"model": record["model"], "method": record["method"], "context_length": record["context_length"],
-                "trials": None}
+        cell = {"model": record["model"], "method": record["method"], "domain": record.get("domain"),
+                "context_length": record["context_length"], "trials": None}
         rows.append({**cell, "measure": "perplexity", "value": record["perplexity"]})
         if record.get("distant_kept") is not None:  # (hard methods: the share of distant pairs their pattern keeps)
             rows.append({**cell, "measure": "distant_kept", "value": record["distant_kept"]})
-        base = pretrained.get((record["model"], record["context_length"]))
+        base = pretrained.get((record["model"], record.get("domain"), record["context_length"]))
         if record["method"] == PRETRAINED or base is None or min(len(record.get("window_nll") or ()),
                                                                  len(base.get("window_nll") or ())) < 2:
             continue
@@ -131,8 +131,8 @@ def long_context_frame(perplexity_records: list[str | Path], needle_records: lis
         record = json.loads(Path(path).read_text())
         trials = pd.DataFrame(record["trials"])
         for length, cell in trials.groupby("length"):
-            base = {"model": record["model"], "method": record["method"], "context_length": int(length),
-                    "trials": len(cell)}
+            base = {"model": record["model"], "method": record["method"], "domain": record.get("domain"),
+                    "context_length": int(length), "trials": len(cell)}
             rows.append({**base, "measure": "needle_accuracy", "value": float(cell["correct"].mean())})
             rows.append({**base, "measure": "needle_key_logprob", "value": float(cell["key_logprob"].mean())})
     return pd.DataFrame(rows)
@@ -285,14 +285,17 @@ def plot_prompt_lengths(frame: pd.DataFrame, figure: str | Path) -> None:
 
 
 def plot_long_context(frame: pd.DataFrame, figure: str | Path) -> None:
-    """Per model: perplexity against context length per method, and needle accuracy against prompt length."""
+    """Per model: perplexity against context length per method (a panel per corpus), and needle accuracy against
+    prompt length."""
     plt = pyplot()
 
-    shown = [(model, measure) for model in dict.fromkeys(frame["model"]) for measure in ("perplexity", "needle_accuracy")
-             if ((frame["model"] == model) & (frame["measure"] == measure)).any()]
+    frame = frame.assign(domain=frame["domain"].fillna("")) if "domain" in frame else frame.assign(domain="")
+    shown = [(model, measure, domain) for model in dict.fromkeys(frame["model"])
+             for measure in ("perplexity", "needle_accuracy") for domain in dict.fromkeys(frame["domain"])
+             if ((frame["model"] == model) & (frame["measure"] == measure) & (frame["domain"] == domain)).any()]
     fig, axes = panels(plt, len(shown))
-    for ax, (model, measure) in zip(axes, shown):
-        part = frame[(frame["model"] == model) & (frame["measure"] == measure)]
+    for ax, (model, measure, domain) in zip(axes, shown):
+        part = frame[(frame["model"] == model) & (frame["measure"] == measure) & (frame["domain"] == domain)]
         for method, cells in part.groupby("method", sort=False):
             cells = cells.sort_values("context_length")
             ax.plot(cells["context_length"], cells["value"], marker="o", label=method)
@@ -302,7 +305,8 @@ def plot_long_context(frame: pd.DataFrame, figure: str | Path) -> None:
         ax.minorticks_off()
         ax.set_xlabel("context length (tokens)")
         ax.set_ylabel(measure.replace("_", " "))
-        ax.set_title(f"{model}: " + ("long passages" if measure == "perplexity" else "pass-key retrieval"))
+        ax.set_title(f"{model}: " + (f"long passages ({domain})" if measure == "perplexity"
+                                     else f"pass-key retrieval ({domain})" if domain else "pass-key retrieval"))
         ax.legend(fontsize=7)
     save_figure(fig, figure)
 

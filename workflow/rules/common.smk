@@ -154,15 +154,26 @@ def long_context_methods(model):
     return [method for method in LONG["methods"] if method in P["models"][model]["methods"]]
 
 
-def long_context_files():
+LONG_DOMAINS = list(dict.fromkeys(LONG.get("domains") or [LONG["domain"]])) if LONG["models"] else []
+
+
+def long_context_files(domains=None, lengths=None):
+    """The long-context perplexity records of every model and method, on `domains` (default the section's) at
+    `lengths` (default its context lengths)."""
     return [
-        f"{R}/long_context/{m}/{method}/ctx{length}.json"
-        for m in LONG["models"] for method in long_context_methods(m) for length in LONG["context_lengths"]
+        f"{R}/long_context/{m}/{method}/{domain}/ctx{length}.json"
+        for m in LONG["models"] for method in long_context_methods(m) for domain in (domains or LONG_DOMAINS)
+        for length in (LONG["context_lengths"] if lengths is None else lengths)
     ]
 
 
 def needle_files():
-    return [f"{R}/long_context/{m}/{method}/needle.json" for m in LONG["models"] for method in long_context_methods(m)] if LONG.get("needle") else []
+    """The pass-key records: every long-context method's, or those `needle.methods` names."""
+    needle = LONG.get("needle")
+    if not needle:
+        return []
+    return [f"{R}/long_context/{m}/{method}/needle.json" for m in LONG["models"] for method in long_context_methods(m)
+            if method in needle.get("methods", [method])]
 
 
 def ruler_files():
@@ -233,9 +244,27 @@ if STUDY:
     STUDY_OTHER = next((d for d in P["perplexity"]["domains"] if d != STUDY["domain"]), None)
     if STUDY_OTHER is not None and "test" in P["perplexity"]["splits"]:
         FIGURES.update(study_tradeoff=f"{R}/figures/study_tradeoff.png")
-# The peers table: the trained router (the first variant, hard) against each training-free selector.
-PEER_ROUTER = f"{VARIANTS[0]}-hard"
+# The peers table: the trained routers (`peers.routers`, default the first variant; hard) against each training-free
+# selector, on the perplexity domains and at the long-context lengths too.
+PEER_ROUTERS = [f"{variant}-hard" for variant in PEERS.get("routers", VARIANTS[:1])]
 PEER_OTHER = next((d for d in P["perplexity"]["domains"] if d != P["train"]["domain"]), None)
+
+
+def peers_table_inputs():
+    """The perplexity records the peers table pairs: pretrained, the routers and the peers on the perplexity domains,
+    and on the long-context corpora at the lengths other than the perplexity context (where the long-context stages
+    score them)."""
+    methods = ["pretrained", *PEER_ROUTERS, *PEERS["methods"]]
+    lengths = [n for n in LONG.get("context_lengths", []) if n != P["perplexity"]["context_length"]]
+    return {
+        "perplexity": [f"{R}/perplexity/{m}/{method}/{d}.json"
+                       for m in PEERS["models"] for method in methods for d in EVAL_DOMAINS],
+        "long_context": [f"{R}/long_context/{m}/{method}/{d}/ctx{n}.json"
+                         for m in PEERS["models"] if m in LONG["models"] for method in methods
+                         if method in long_context_methods(m) for d in LONG_DOMAINS for n in lengths],
+    }
+
+
 if PEERS["models"]:
     TABLES.update(peers=f"{R}/tables/peers.csv")
     if PEER_OTHER is not None and P["train"]["domain"] in P["perplexity"]["domains"]:
@@ -342,7 +371,10 @@ def method_inputs(wildcards):
 
 
 def long_context_inputs(wildcards):
-    return {"tokens": tokens_file(wildcards.model, LONG["domain"]), **trained_input(wildcards.model, wildcards.method)}
+    """The corpus a long-context job reads (its `domain` wildcard; the pass-key's haystack: the section's `domain`)
+    and the method's adapter."""
+    domain = wildcards.get("domain", LONG["domain"])
+    return {"tokens": tokens_file(wildcards.model, domain), **trained_input(wildcards.model, wildcards.method)}
 
 
 def lora_training(wildcards):

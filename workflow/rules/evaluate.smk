@@ -69,21 +69,20 @@ rule benchmarks:
 
 
 rule long_context_perplexity:
-    """Perplexity of one (model, method) at one context length, on long passages where Focus sparsifies."""
+    """Perplexity of one (model, method) on one corpus at one context length: long passages, where Focus sparsifies."""
     conda:
         ENVIRONMENT
     input:
         unpack(long_context_inputs),
     output:
-        f"{R}/long_context/{{model}}/{{method}}/ctx{{context}}.json",
+        f"{R}/long_context/{{model}}/{{method}}/{{domain}}/ctx{{context}}.json",
     log:
-        f"{R}/logs/long_context/{{model}}/{{method}}/ctx{{context}}.log",
+        f"{R}/logs/long_context/{{model}}/{{method}}/{{domain}}/ctx{{context}}.log",
     params:
         source=model_source,
         dtype=model_dtype,
         max_tokens=LONG.get("max_tokens"),
         batch_size=LONG.get("batch_size"),
-        domain=LONG.get("domain"),
     threads: 2
     resources:
         gpu=model_eval_gpus,  # > 1: one process, the model's layers spread over them
@@ -104,7 +103,7 @@ rule needle:
     params:
         source=model_source,
         dtype=model_dtype,
-        needle=LONG.get("needle"),
+        needle={key: value for key, value in (LONG.get("needle") or {}).items() if key != "methods"},
     threads: 2
     resources:
         gpu=model_eval_gpus,  # > 1: one process, the model's layers spread over them

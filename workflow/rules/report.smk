@@ -62,12 +62,12 @@ if EVALUATION_TABLES:
 if PEERS["models"]:
 
     rule peers_table:
-        """The trained router against each training-free peer on the same windows (table and trade-off figure)."""
+        """The trained routers against each training-free peer on the same windows (table and trade-off figure): the
+        perplexity domains at the perplexity context, and the long-context corpora at their other lengths."""
         conda:
             ENVIRONMENT
         input:
-            perplexity=[f"{R}/perplexity/{m}/{method}/{d}.json" for m in PEERS["models"]
-                        for method in ["pretrained", PEER_ROUTER, *PEERS["methods"]] for d in EVAL_DOMAINS],
+            **peers_table_inputs(),
         output:
             csv=report(TABLES["peers"], caption="../report/peers_table.rst", category="Evaluation"),
             md=TABLES["peers"].replace(".csv", ".md"),
@@ -77,7 +77,7 @@ if PEERS["models"]:
         log:
             f"{R}/logs/peers_table.log",
         params:
-            router=PEER_ROUTER,
+            routers=PEER_ROUTERS,
             domain=P["train"]["domain"],
             other=PEER_OTHER,
         script:

@@ -12,7 +12,7 @@ if STUDY:
             metrics=[f"{train_folder(STUDY['model'], v)}/metrics.jsonl" for v in VARIANTS],
             validation=validation_perplexity_files(),
             test=perplexity_files(),
-            long_context=long_context_files(),
+            long_context=long_context_files(domains=[LONG["domain"]]) if LONG["models"] else [],
             needle=needle_files(),
             interpret=[f"{interpret_folder(STUDY['model'], v)}/summary.json" for v in VARIANTS
                        if STUDY["model"] in (INTERPRET or {}).get("models", [])],

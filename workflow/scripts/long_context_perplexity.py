@@ -1,4 +1,4 @@
-"""Rule long_context_perplexity: one (model, method, context length)."""
+"""Rule long_context_perplexity: one (model, method, corpus, context length)."""
 
 from focus.pipeline.stages import evaluate_perplexity
 from focus.pipeline.start import start_job
@@ -14,5 +14,5 @@ evaluate_perplexity(
     max_tokens=snakemake.params.max_tokens,
     batch_size=snakemake.params.batch_size,
     trained=snakemake.input.get("trained"),
-    labels={"model": snakemake.wildcards.model, "domain": snakemake.params.domain},
+    labels={"model": snakemake.wildcards.model, "domain": snakemake.wildcards.domain},
 )
