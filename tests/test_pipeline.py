@@ -86,10 +86,10 @@ def test_the_screen_profiles_dry_run_their_designs(tmp_path):
     """The no-worse screen: its 16 designs trained on one GPU each and studied; the router screen: two trainings of the
     indexer (512- and 2K-token rows) and its recall screen with perplexity; the oracle floor: one design trained,
     scored, and screened beside the oracle; the routing screens: five untrained designs each, screened; the GPU
-    profile: the router screen and the speed rows on one GPU; the peers: four training-free selectors beside the
-    chosen design, on one GPU each, and three of them without RULER on the CPU; the forgetting screen: eight designs
-    on one GPU, the chosen one on test on the CPU; the no-worse screen's test report on the CPU; the speed tables: the
-    chosen design's adapter timed by every speed rule."""
+    profile: the router screen and the speed rows on one GPU; the peers: seven training-free selectors beside the
+    chosen design and its top-1 training, on one GPU each, and without RULER on the CPU; the forgetting screen: eight
+    designs on one GPU, the chosen one on test on the CPU; the no-worse screen's test report on the CPU; the speed
+    tables: the chosen design's adapter timed by every speed rule."""
     result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "no_worse.yaml"), "-n")
     counts = job_counts(result.stdout)
     assert counts["train_focus"] == 16 and counts["study"] == 1 and counts["needle"] == 1 + 2 * 16
@@ -109,11 +109,12 @@ def test_the_screen_profiles_dry_run_their_designs(tmp_path):
     assert counts["train_focus"] == 2 and counts["recall_screen"] == 1 and counts["bench_decode"] == 1
     assert_one_gpu_each(result.stdout, "train_focus", "perplexity", "peer", "recall_screen", "bench_attention",
                         "bench_decode")
-    # The peers at Focus's budget: 4 selectors beside the chosen design, hard, to RULER at 4K (GPU-sized).
+    # The peers at two budgets: 7 selectors beside two trained routers, hard, to RULER at 4K (GPU-sized).
     result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "peers.yaml"), "-n")
     counts = job_counts(result.stdout)
-    assert counts["peer"] == 4 and counts["train_focus"] == 1 and counts["peers_table"] == 1
-    assert counts["ruler"] == 1 + 1 + 4  # pretrained, the router hard, the peers
+    assert counts["peer"] == 7 and counts["train_focus"] == 2 and counts["peers_table"] == 1
+    assert counts["ruler"] == 1 + 2 + 7  # pretrained, the routers hard, the peers
+    assert counts["long_context_perplexity"] == (1 + 2 + 7) * 3 * 3  # three corpora at 512, 2K and 4K
     assert_one_gpu_each(result.stdout, "train_focus", "perplexity", "peer", "long_context_perplexity", "needle",
                         "ruler")
     # The forgetting screen: its eight trained designs on one GPU each; the chosen one on test, on the CPU.
@@ -130,10 +131,14 @@ def test_the_screen_profiles_dry_run_their_designs(tmp_path):
     counts = job_counts(result.stdout)
     assert counts["train_focus"] == 2 and counts["needle"] == 1 + 2 and counts["perplexity"] == 3 * 5  # hard only
     assert "gpu=1" not in result.stdout
-    # The peers without RULER, on the CPU: three selectors beside the chosen design, hard, to the pass-key at 4K.
+    # The peers without RULER, on the CPU: the same designs at 512 and 2K, the pass-key of those at Focus's budget.
     result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "peers_test.yaml"), "-n")
     counts = job_counts(result.stdout)
-    assert counts["peer"] == 3 and counts["peers_table"] == 1 and counts["needle"] == 1 + 1 + 3
+    assert counts["peer"] == 7 and counts["peers_table"] == 1 and counts["needle"] == 1 + 1 + 3
+    assert counts["long_context_perplexity"] == (1 + 2 + 7) * 3 * 2
+    table = next(block for block in result.stdout.split("\n\n") if "rule peers_table:" in block)
+    assert "long_context/smollm2/mix50_kl10_top1-hard/wikitext2/ctx2048.json" in table  # (2K: long-context stages)
+    assert "long_context/smollm2/mix50_kl10_top1-hard/wikitext2/ctx512.json" not in table  # (512: perplexity's)
     assert "ruler" not in counts
     assert "gpu=1" not in result.stdout
     # The CPU's speed tables: the chosen design trained once, then its adapter timed by every speed rule.
