@@ -85,9 +85,9 @@ def _shown(frame: pd.DataFrame) -> pd.DataFrame:
     """The table as read: one row per (model, domain, context, design), its change against pretrained and against each
     router ("against <router> (95%)"), both with their paired intervals."""
     keys = ["model", "domain", "context_length", "design"]
-    shown = frame.drop_duplicates(keys)[[*keys, "distant_kept", "perplexity"]].assign(**{
-        "change (95%)": [_interval(r.change, r.change_low, r.change_high)
-                         for r in frame.drop_duplicates(keys).itertuples()]})
+    designs = frame.drop_duplicates(keys)  # (a design's rows differ only in the router paired against)
+    shown = designs[[*keys, "distant_kept", "perplexity"]].assign(**{
+        "change (95%)": [_interval(r.change, r.change_low, r.change_high) for r in designs.itertuples()]})
     if "router" in frame:
         paired = frame.dropna(subset=["router"])
         for router in dict.fromkeys(frame.loc[frame["kind"] == "trained", "design"]):  # (in the profile's order)
