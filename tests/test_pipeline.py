@@ -88,8 +88,8 @@ def test_the_screen_profiles_dry_run_their_designs(tmp_path):
     scored, and screened beside the oracle; the routing screens: five untrained designs each, screened; the GPU
     profile: the router screen and the speed rows on one GPU; the peers: seven training-free selectors beside the
     chosen design and its top-1 training, on one GPU each, and without RULER on the CPU; the forgetting screen: eight
-    designs on one GPU, the chosen one on test on the CPU; the no-worse screen's test report on the CPU; the speed
-    tables: the chosen design's adapter timed by every speed rule."""
+    designs on one GPU, the chosen one on test on the CPU; the no-worse screen's test report and its per-length table
+    on the CPU; the speed tables: the chosen design's adapter timed by every speed rule."""
     result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "no_worse.yaml"), "-n")
     counts = job_counts(result.stdout)
     assert counts["train_focus"] == 16 and counts["study"] == 1 and counts["needle"] == 1 + 2 * 16
@@ -130,6 +130,11 @@ def test_the_screen_profiles_dry_run_their_designs(tmp_path):
     result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "no_worse_test.yaml"), "-n")
     counts = job_counts(result.stdout)
     assert counts["train_focus"] == 2 and counts["needle"] == 1 + 2 and counts["perplexity"] == 3 * 5  # hard only
+    assert "gpu=1" not in result.stdout
+    # The no-worse screen's per-length table on the CPU: the chosen design and pretrained, two texts, 512 to 8K.
+    result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "no_worse_lengths_test.yaml"), "-n")
+    counts = job_counts(result.stdout)
+    assert counts["train_focus"] == 1 and counts["long_context_perplexity"] == 2 * 2 * 5 and "needle" not in counts
     assert "gpu=1" not in result.stdout
     # The peers without RULER, on the CPU: the same designs at 512 and 2K, the pass-key of those at Focus's budget.
     result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "peers_test.yaml"), "-n")
