@@ -7,7 +7,7 @@ import math
 import pytest
 
 from focus.eval.paired import paired_ratio
-from focus.report.evaluation import long_context_frame
+from focus.report.evaluation import long_context_frame, write_evaluation_tables
 
 
 def record(tmp_path, method: str, context_length: int, window_nll: list[float], domain: str = "books") -> str:
@@ -47,3 +47,16 @@ def test_each_corpus_is_paired_with_pretrained_on_its_own_windows(tmp_path):
     change = frame[frame["measure"] == "perplexity_change"].set_index("domain")["value"]
     assert change["books"] == pytest.approx(math.expm1(0.1))
     assert change["wikitext2"] == pytest.approx(paired_ratio([2.0, 2.3], [2.0, 2.2])[0])
+
+
+def test_the_markdown_keeps_each_corpus_and_the_pass_key_apart(tmp_path):
+    """The Markdown pivots lengths into columns: one row per corpus (not their mean), the pass-key's rows kept."""
+    records = [record(tmp_path, "pretrained", 512, [3.0, 3.2], "books"),
+               record(tmp_path, "pretrained", 512, [2.0, 2.2], "wikitext2")]
+    needle = tmp_path / "needle.json"
+    needle.write_text(json.dumps({"model": "m", "method": "pretrained", "trials": [
+        {"length": 1024, "correct": True, "key_logprob": -0.5}, {"length": 1024, "correct": False, "key_logprob": -3.0}]}))
+    write_evaluation_tables([], {}, {}, {}, [], [], records, [needle], {"long_context": tmp_path / "long_context.csv"})
+    table = (tmp_path / "long_context.md").read_text()
+    assert f"{math.exp(3.1):.4g}" in table and f"{math.exp(2.1):.4g}" in table  # each corpus its own row
+    assert "needle_accuracy" in table and "0.5" in table

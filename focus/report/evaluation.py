@@ -195,8 +195,10 @@ def _readable(name: str, frame: pd.DataFrame) -> pd.DataFrame:
     if name in ("benchmarks", "truthfulqa") and not frame.empty:
         return frame.pivot_table(index=["model", "method"], columns="task", values="value", sort=False).reset_index()
     if name == "long_context" and not frame.empty:
-        return frame.pivot_table(index=["model", "measure", "method"], columns="context_length", values="value",
-                                 sort=False).reset_index()
+        # One row per corpus too (`long_context.domains`); the pass-key's rows name none: "" keeps them in the pivot.
+        frame = frame.assign(domain=frame["domain"].fillna("")) if "domain" in frame else frame.assign(domain="")
+        return frame.pivot_table(index=["model", "domain", "measure", "method"], columns="context_length",
+                                 values="value", sort=False).reset_index()
     if name == "ruler" and not frame.empty:
         return frame.pivot_table(index=["model", "task", "method"], columns="context_length", values="value",
                                  sort=False).reset_index()
