@@ -131,8 +131,8 @@ def long_context_frame(perplexity_records: list[str | Path], needle_records: lis
         record = json.loads(Path(path).read_text())
         trials = pd.DataFrame(record["trials"])
         for length, cell in trials.groupby("length"):
-            base = {"model": record["model"], "method": record["method"], "domain": record.get("domain"),
-                    "context_length": int(length), "trials": len(cell)}
+            base = {"model": record["model"], "method": record["method"], "domain": record.get("domain", ""),
+                    "context_length": int(length), "trials": len(cell)}  # ("": a pass-key names no corpus)
             rows.append({**base, "measure": "needle_accuracy", "value": float(cell["correct"].mean())})
             rows.append({**base, "measure": "needle_key_logprob", "value": float(cell["key_logprob"].mean())})
     return pd.DataFrame(rows)
@@ -195,8 +195,6 @@ def _readable(name: str, frame: pd.DataFrame) -> pd.DataFrame:
     if name in ("benchmarks", "truthfulqa") and not frame.empty:
         return frame.pivot_table(index=["model", "method"], columns="task", values="value", sort=False).reset_index()
     if name == "long_context" and not frame.empty:
-        # One row per corpus too (`long_context.domains`); the pass-key's rows name none: "" keeps them in the pivot.
-        frame = frame.assign(domain=frame["domain"].fillna("")) if "domain" in frame else frame.assign(domain="")
         return frame.pivot_table(index=["model", "domain", "measure", "method"], columns="context_length",
                                  values="value", sort=False).reset_index()
     if name == "ruler" and not frame.empty:
@@ -291,7 +289,6 @@ def plot_long_context(frame: pd.DataFrame, figure: str | Path) -> None:
     prompt length."""
     plt = pyplot()
 
-    frame = frame.assign(domain=frame["domain"].fillna("")) if "domain" in frame else frame.assign(domain="")
     shown = [(model, measure, domain) for model in dict.fromkeys(frame["model"])
              for measure in ("perplexity", "needle_accuracy") for domain in dict.fromkeys(frame["domain"])
              if ((frame["model"] == model) & (frame["measure"] == measure) & (frame["domain"] == domain)).any()]
