@@ -87,7 +87,7 @@ def test_the_screen_profiles_dry_run_their_designs(tmp_path):
     indexer (512- and 2K-token rows) and its recall screen with perplexity; the oracle floor: one design trained,
     scored, and screened beside the oracle; the routing screens: five untrained designs each, screened; the GPU
     profile: the router screen and the speed rows on one GPU; the peers: seven training-free selectors beside the
-    chosen design and its top-1 training, on one GPU each, and without RULER on the CPU; the forgetting screen: eight
+    chosen design, its top-1 training and its adapter at top-1, on one GPU each, and without RULER on the CPU; the forgetting screen: eight
     designs on one GPU, the chosen one on test on the CPU; the no-worse screen's test report and its per-length table
     on the CPU; the speed tables: the chosen design's adapter timed by every speed rule."""
     result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "no_worse.yaml"), "-n")
@@ -109,18 +109,23 @@ def test_the_screen_profiles_dry_run_their_designs(tmp_path):
     assert counts["train_focus"] == 2 and counts["recall_screen"] == 1 and counts["bench_decode"] == 1
     assert_one_gpu_each(result.stdout, "train_focus", "perplexity", "peer", "recall_screen", "bench_attention",
                         "bench_decode")
-    # The peers at two budgets: 7 selectors beside two trained routers, hard, to RULER at 4K (GPU-sized).
+    # The peers at two budgets: 7 selectors beside three routers (two trained), hard, to RULER at 4K (GPU-sized).
     result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "peers.yaml"), "-n")
     counts = job_counts(result.stdout)
     assert counts["peer"] == 7 and counts["train_focus"] == 2 and counts["peers_table"] == 1
-    assert counts["ruler"] == 1 + 2 + 7  # pretrained, the routers hard, the peers
-    assert counts["long_context_perplexity"] == (1 + 2 + 7) * 3 * 3  # three corpora at 512, 2K and 4K
+    assert counts["ruler"] == 1 + 3 + 7  # pretrained, the routers hard, the peers
+    assert counts["long_context_perplexity"] == (1 + 3 + 7) * 3 * 3  # three corpora at 512, 2K and 4K
     assert_one_gpu_each(result.stdout, "train_focus", "perplexity", "peer", "long_context_perplexity", "needle",
                         "ruler")
-    # The forgetting screen: its eight trained designs on one GPU each; the chosen one on test, on the CPU.
+    # The forgetting screen: its eight trained designs on one GPU each, six of their adapters changed at inference
+    # (hard only: heads kept dense, a wider window); the chosen one on test, on the CPU.
     result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "forgetting.yaml"), "-n")
     counts = job_counts(result.stdout)
-    assert counts["train_focus"] == 8 and counts["study"] == 1 and counts["needle"] == 1 + 2 * 8
+    assert counts["train_focus"] == 8 and counts["study"] == 1 and counts["needle"] == 1 + 2 * 8 + 6
+    assert counts["interpret"] == 8 + 6
+    reused = next(block for block in result.stdout.split("\n\n") if "rule interpret:" in block
+                  and "variant=st300_ret8" in block)
+    assert "results/forgetting/train/smollm2/st300/adapter" in reused
     assert_one_gpu_each(result.stdout, "train_focus", "perplexity", "needle", "interpret")
     result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "forgetting_test.yaml"), "-n")
     counts = job_counts(result.stdout)
@@ -136,11 +141,15 @@ def test_the_screen_profiles_dry_run_their_designs(tmp_path):
     counts = job_counts(result.stdout)
     assert counts["train_focus"] == 1 and counts["long_context_perplexity"] == 2 * 2 * 5 and "needle" not in counts
     assert "gpu=1" not in result.stdout
-    # The peers without RULER, on the CPU: the same designs at 512 and 2K, the pass-key of those at Focus's budget.
+    # The peers without RULER, on the CPU: the same designs at 512 and 2K, the pass-key of those at Focus's budget;
+    # the chosen design's adapter at top-1 beside them, not trained (adapter_of).
     result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "peers_test.yaml"), "-n")
     counts = job_counts(result.stdout)
     assert counts["peer"] == 7 and counts["peers_table"] == 1 and counts["needle"] == 1 + 1 + 3
-    assert counts["long_context_perplexity"] == (1 + 2 + 7) * 3 * 2
+    assert counts["train_focus"] == 2 and counts["long_context_perplexity"] == (1 + 3 + 7) * 3 * 2
+    reused = next(block for block in result.stdout.split("\n\n") if "rule long_context_perplexity:" in block
+                  and "method=mix50_kl10_at_top1-hard" in block)
+    assert "results/peers_test/train/smollm2/mix50_kl10/adapter" in reused
     table = next(block for block in result.stdout.split("\n\n") if "rule peers_table:" in block)
     assert "long_context/smollm2/mix50_kl10_top1-hard/wikitext2/ctx2048.json" in table  # (2K: long-context stages)
     assert "long_context/smollm2/mix50_kl10_top1-hard/wikitext2/ctx512.json" not in table  # (512: perplexity's)

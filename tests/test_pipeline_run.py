@@ -263,3 +263,27 @@ def test_a_microbenchmark_of_benchmarks_runs_as_a_rule_and_is_stamped(tmp_path):
     assert (bench / "indexer_step.md").read_text().startswith(STAMP)  # (the script's line, naming its command)
     record = json.loads((bench / "indexer_step.provenance.json").read_text())
     assert record["rule"] == "microbenchmark" and record["profile"].startswith("mini@")
+
+
+def test_a_variant_with_adapter_of_scores_the_trained_adapter_changed_at_inference(tmp_path):
+    """A variant that names `adapter_of` trains nothing: its perplexity, long-context and pass-key jobs load the trained
+    variant's adapter and run it with their own top_k, which their records say."""
+    config = json.loads(json.dumps(MINI))
+    config["models"] = {"tiny-qwen2": {"source": "tiny:qwen2"}}
+    config["variants"] = {"focus": {}, "focus_top2": {"adapter_of": "focus", "top_k": 2}}
+    config["long_context"].pop("ruler")
+    for section in ("lora", "harness", "interpret", "peers", "study", "benchmark"):
+        config.pop(section)
+    path = write_config(tmp_path, config)
+    records = {method: f"results/mini/perplexity/tiny-qwen2/{method}/books.json" for method in ("focus-hard",
+                                                                                                "focus_top2-hard")}
+    long_context = "results/mini/long_context/tiny-qwen2/focus_top2-hard/books/ctx128.json"
+    needle = "results/mini/long_context/tiny-qwen2/focus_top2-hard/needle.json"
+    result = snakemake(tmp_path, *records.values(), long_context, needle, "--configfile", str(path))
+    assert job_counts(result.stdout)["train_focus"] == 1
+    assert not (tmp_path / "results" / "mini" / "train" / "tiny-qwen2" / "focus_top2").exists()
+    scored = {method: json.loads((tmp_path / file).read_text()) for method, file in records.items()}
+    assert scored["focus-hard"]["focus_config"]["top_k"] == 1 and scored["focus_top2-hard"]["focus_config"]["top_k"] == 2
+    assert scored["focus_top2-hard"]["distant_kept"] > scored["focus-hard"]["distant_kept"]  # (two groups keep more)
+    for file in (long_context, needle):
+        assert json.loads((tmp_path / file).read_text())["focus_config"]["top_k"] == 2, file

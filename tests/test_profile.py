@@ -111,6 +111,23 @@ def test_peers_run_hard_under_the_first_variants_window_with_their_selector_and_
     assert parse_peer_name(peer_name("clusters", 0.25)) == ("clusters", 0.25)
 
 
+def test_a_variant_with_adapter_of_reuses_a_trained_adapter_changed_at_inference_and_trains_nothing():
+    """`adapter_of`: the trained variant's FocusConfig with the settings that need no training changed; no training
+    of its own; scored hard only; peers may pair against it; resolved only where a profile has one (hashes)."""
+    config = tiny()
+    config["variants"] = {"top2": {"window": 64, "distill": 1.0}, "top2_at_top1": {"adapter_of": "top2", "top_k": 1}}
+    config["peers"] = {"models": ["smollm2"], "selectors": ["quest@0.3"], "routers": ["top2", "top2_at_top1"]}
+    profile = resolve_profile(config, SCHEMA)
+    assert profile["evaluated"] == {"top2_at_top1": {"adapter_of": "top2", "changes": {"top_k": 1}}}
+    assert profile["methods"] == ["pretrained", "full_finetune", "top2-soft", "top2-hard", "top2_at_top1-hard"]
+    smollm2 = profile["models"]["smollm2"]
+    trained, evaluated = smollm2["variants"]["top2"], smollm2["variants"]["top2_at_top1"]
+    assert evaluated == {**trained, "top_k": 1} and trained["top_k"] == 2 and evaluated["distill"] == 1.0
+    assert list(smollm2["training"]) == ["top2"]
+    assert profile["peers"]["routers"] == ["top2", "top2_at_top1"]
+    assert "evaluated" not in resolve_profile(tiny(), SCHEMA)
+
+
 def test_study_profile_resolves_its_designs_and_the_splits_they_are_chosen_on():
     profile = resolve_profile(yaml.safe_load((ROOT / "configs" / "study.yaml").read_text()), SCHEMA)
     variants = profile["models"]["smollm2"]["variants"]
@@ -365,7 +382,7 @@ BAD = {
     "decoding benchmark timing a variant the profile has not": (
         lambda c: c.update(benchmark={"lengths": [64], "settings": [[4, 16, 1]], "model": "smollm2",
                                       "decode": {"cache_lengths": [64], "settings": [[4, 16, 1]], "variant": "x"}}),
-        "benchmark.decode.variant: 'x' names no variant of this profile ['focus']",
+        "benchmark.decode.variant: 'x' names no trained variant of this profile ['focus']",
     ),
     "microbenchmark timing a variant the profile has not": (
         lambda c: c.update(microbenchmarks={"indexer_generate": {"adapter": "indexer"}}),
@@ -387,6 +404,27 @@ BAD = {
         lambda c: c.update(study={"model": "tiny-qwen2", "baseline": "focus", "domain": "books"})
         or c["perplexity"].update(splits=["validation", "test"]),
         "models.tiny-qwen2.domains: study compares it on every perplexity domain; leave its domains out",
+    ),
+    "adapter_of an unknown variant": (
+        lambda c: c.update(variants={"a": {}, "b": {"adapter_of": "c", "top_k": 1}}),
+        "variants.b.adapter_of: 'c' names no trained variant of this profile ['a']",
+    ),
+    "adapter_of a variant that is not trained": (
+        lambda c: c.update(variants={"a": {}, "b": {"adapter_of": "a", "top_k": 1}, "c": {"adapter_of": "b"}}),
+        "variants.c.adapter_of: 'b' names no trained variant of this profile ['a']",
+    ),
+    "adapter_of changing what needs a training": (
+        lambda c: c.update(variants={"a": {}, "b": {"adapter_of": "a", "num_groups": 8, "train": {"seq_len": 64}}}),
+        "variants.b: ['num_groups', 'train'] need a training of their own; a variant with adapter_of changes only",
+    ),
+    "adapter_of as the first variant": (
+        lambda c: c.update(variants={"b": {"adapter_of": "a"}, "a": {}}),
+        "variants.b.adapter_of: the first variant is the profile's main design and is trained",
+    ),
+    "decode timing of an untrained variant": (
+        lambda c: c.update(variants={"a": {}, "b": {"adapter_of": "a", "top_k": 1}})
+        or c["benchmark"].update(decode={**c["benchmark"].get("decode", {}), "variant": "b"}),
+        "benchmark.decode.variant: 'b' names no trained variant of this profile ['a']",
     ),
     "window over the whole training row": (
         lambda c: c["focus"].update(window=512),

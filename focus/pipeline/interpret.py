@@ -52,6 +52,7 @@ def interpret_adapter(
     alignment_figure: str | Path,
     examples_html: str | Path,
     labels: dict[str, str] | None = None,
+    focus_changes: dict | None = None,
 ) -> dict:
     """The pipeline stage: route held-out text (the test split of a `prepare_tokens` file) through `source` with the
     Focus adapter in `adapter`, in hard mode, and write the tables, figures and JSON summary (written last).
@@ -60,12 +61,13 @@ def interpret_adapter(
         seq_len: tokens per row (the training sequence length: the routing the centroids were trained on).
         settings: `InterpretConfig` fields.
         labels: extra fields for the summary (the pipeline's model and variant names).
+        focus_changes: FocusConfig settings that need no training over the adapter's (an evaluated variant's).
     """
     config = InterpretConfig.from_dict(settings)
     tic = time.perf_counter()
     model, tokenizer = load_model(source, getattr(torch, dtype), inference_device())
     load_focus(model, adapter)
-    set_focus_mode(model, "hard")
+    set_focus_mode(model, "hard", **(focus_changes or {}))
     focus = focus_config(model)
     plot_layers = resolve_layers(config.layers, len(attention_modules(model)))  # a bad layer fails before the work
     rows = held_out_rows(read_tokens(tokens, "test"), seq_len, config.tokens)

@@ -51,12 +51,15 @@ def resolve_profile(config: dict[str, Any], schema: dict[str, Any]) -> dict[str,
     Resolved keys: everything in the profile, plus `results` ("results/<name>"), `methods` (what perplexity is
     measured for: "pretrained", "full_finetune" when the baseline is on, "<variant>-soft", "<variant>-hard"),
     and per model `dtype`, `variants` ({variant: FocusConfig dict}), `training` ({variant: what its training job
-    takes: domain, broad, rows, centroids}), `centroids` and `full_finetune` (TrainConfig dicts, the profile's;
+    takes: domain, broad, rows, centroids}; the trained variants only), `centroids` and `full_finetune` (TrainConfig
+    dicts, the profile's;
     `full_finetune` None when off), `gpus` (GPUs a training job asks for, one process each; 0 asks
     none) and `eval_gpus` (GPUs an evaluation job asks for and spreads the model over), each defaulting to the
     profile's own `gpus` / `eval_gpus`, themselves 0 by default; `methods` per model (the profile's, its LoRA cells,
     its peers), `domains` where the profile narrows the perplexity domains it is scored on (absent: all of them) and,
-    for the models `peers` covers, `peers` ({"<selector>@<budget>": FocusConfig dict}).
+    for the models `peers` covers, `peers` ({"<selector>@<budget>": FocusConfig dict}). Where variants name
+    `adapter_of`, `evaluated` ({variant: {"adapter_of": a trained variant, "changes": its inference-time settings}}):
+    they train nothing and are scored hard only (`<variant>-hard`).
 
     Raises:
         ConfigError: one line naming the key and what is wrong with it.
@@ -65,6 +68,8 @@ def resolve_profile(config: dict[str, Any], schema: dict[str, Any]) -> dict[str,
     profile = dict(config)
     profile["results"] = f"results/{config['name']}"
     variants = config.get("variants") or {"focus": {}}
+    evaluated = _evaluated_variants(variants)
+    trained = {variant: changes for variant, changes in variants.items() if variant not in evaluated}
     train = config["train"]
     baseline = train.get("full_finetune")
     models = {}
@@ -79,11 +84,11 @@ def resolve_profile(config: dict[str, Any], schema: dict[str, Any]) -> dict[str,
             "variants": {
                 variant: _focus_dict(f"{where} variant {variant}",
                                      {**focus, **{k: v for k, v in changes.items() if k != "train"}})
-                for variant, changes in variants.items()
+                for variant, changes in trained.items()
             },
             "training": {
                 variant: _variant_training(f"{where} variant {variant}", train, changes.get("train", {}), centroids)
-                for variant, changes in variants.items()
+                for variant, changes in trained.items()
             },
             "centroids": _train_dict(f"{where}.centroids", centroids),
             "full_finetune": None,
@@ -100,8 +105,14 @@ def resolve_profile(config: dict[str, Any], schema: dict[str, Any]) -> dict[str,
             # The same budget (steps, batch, schedule) as this model's centroids unless overridden.
             merged = {**resolved["centroids"], **baseline, **spec.get("full_finetune", {})}
             resolved["full_finetune"] = _train_dict(f"{where}.full_finetune", merged)
+        for variant, reuse in evaluated.items():  # the adapter's own config, with the changes made at inference
+            resolved["variants"][variant] = _focus_dict(
+                f"{where} variant {variant}", {**resolved["variants"][reuse["adapter_of"]], **reuse["changes"]})
+        resolved["variants"] = {variant: resolved["variants"][variant] for variant in variants}  # the profile's order
         _check_gpus(where, resolved)
         for variant, focus_dict in resolved["variants"].items():
+            if variant in evaluated:
+                continue  # (scored at any length: the window bound is the training rows')
             seq_len = resolved["training"][variant]["rows"]["seq_len"]
             if focus_dict["window"] >= seq_len:
                 raise ConfigError(
@@ -112,17 +123,19 @@ def resolve_profile(config: dict[str, Any], schema: dict[str, Any]) -> dict[str,
     profile["models"] = models
     profile["variants"] = variants
     profile["methods"] = [PRETRAINED] + ([FULL_FINETUNE] if baseline is not None else []) + [
-        f"{variant}-{mode}" for variant in variants for mode in MODES
+        f"{variant}-{mode}" for variant in variants for mode in (("hard",) if variant in evaluated else MODES)
     ]
+    if evaluated:  # (only where set: the hash of every profile without one stays as it was)
+        profile["evaluated"] = evaluated
     _check_data(config)
     bench = config.get("benchmark")
     if bench and bench.get("model") is not None and bench["model"] not in models:
         raise ConfigError(f"benchmark.model: {bench['model']!r} is not one of this profile's models {sorted(models)}")
     decode = (bench or {}).get("decode") or {}
     if decode.get("variant") is not None:
-        if decode["variant"] not in variants:
-            raise ConfigError(f"benchmark.decode.variant: {decode['variant']!r} names no variant of this profile "
-                              f"{sorted(variants)}")
+        if decode["variant"] not in trained:
+            raise ConfigError(f"benchmark.decode.variant: {decode['variant']!r} names no trained variant of this "
+                              f"profile {sorted(trained)}")
         if bench.get("model") is None or decode.get("adapter") is not None:
             raise ConfigError("benchmark.decode.variant: times that variant's adapter in benchmark.model's generate(); "
                               "name the model, and no adapter beside it")
@@ -144,8 +157,8 @@ def resolve_profile(config: dict[str, Any], schema: dict[str, Any]) -> dict[str,
     if config.get("study") is not None:
         profile["study"] = _study_dict(config["study"], variants, models, profile["perplexity"])
     if config.get("recall_screen") is not None:
-        profile["recall_screen"] = _recall_screen_dict(config["recall_screen"], variants, models, config["data"])
-    check_microbenchmarks(config.get("microbenchmarks") or {}, variants, config["data"])
+        profile["recall_screen"] = _recall_screen_dict(config["recall_screen"], trained, models, config["data"])
+    check_microbenchmarks(config.get("microbenchmarks") or {}, trained, config["data"])
     compared = {"study": [profile["study"]["model"]] if "study" in profile else [],
                 "peers": profile.get("peers", {}).get("models", [])}
     for section, names in compared.items():  # their tables and figures set one corpus against another
@@ -154,6 +167,34 @@ def resolve_profile(config: dict[str, Any], schema: dict[str, Any]) -> dict[str,
                 raise ConfigError(f"models.{name}.domains: {section} compares it on every perplexity domain; "
                                   "leave its domains out")
     return profile
+
+
+INFERENCE_SETTINGS = ("top_k", "window", "sink_tokens", "dense_heads", "dense_below")
+"""The FocusConfig settings a trained adapter takes at inference without training anew (`set_focus_mode`'s)."""
+
+
+def _evaluated_variants(variants: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """{variant: {"adapter_of", "changes"}} of the variants that name `adapter_of`: a trained variant (not the first:
+    the profile's main design, which the peers and the claims build on, is trained), changed only in
+    `INFERENCE_SETTINGS`."""
+    evaluated = {}
+    for position, (variant, changes) in enumerate(variants.items()):
+        if "adapter_of" not in changes:
+            continue
+        where, source = f"variants.{variant}", changes["adapter_of"]
+        if position == 0:
+            raise ConfigError(f"{where}.adapter_of: the first variant is the profile's main design and is trained; "
+                              "put the variants that reuse an adapter after it")
+        if source not in variants or "adapter_of" in variants[source]:
+            trained = sorted(name for name, spec in variants.items() if "adapter_of" not in spec)
+            raise ConfigError(f"{where}.adapter_of: {source!r} names no trained variant of this profile {trained}")
+        other = sorted(set(changes) - {"adapter_of", *INFERENCE_SETTINGS})
+        if other:
+            raise ConfigError(f"{where}: {other} need a training of their own; a variant with adapter_of changes only "
+                              f"{list(INFERENCE_SETTINGS)}")
+        evaluated[variant] = {"adapter_of": source,
+                              "changes": {key: value for key, value in changes.items() if key != "adapter_of"}}
+    return evaluated
 
 
 def _recall_screen_dict(section: dict[str, Any], variants: dict[str, Any], models: dict[str, Any],

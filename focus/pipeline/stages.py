@@ -346,9 +346,11 @@ def evaluate_needle(
     trained: str | Path | None = None,
     labels: dict[str, str] | None = None,
     progress: bool = True,
+    focus_changes: dict[str, Any] | None = None,
 ) -> dict:
-    """Pass-key retrieval (`focus.eval.needle`) of one (model, method), filler from the test split of `tokens`."""
-    model, tokenizer = load_method(source, dtype, method, trained)
+    """Pass-key retrieval (`focus.eval.needle`) of one (model, method), filler from the test split of `tokens`;
+    `focus_changes` as for `evaluate_perplexity`."""
+    model, tokenizer = load_method(source, dtype, method, trained, focus_changes)
     tic = time.perf_counter()
     trials_run = needle_trials(model, tokenizer, read_tokens(tokens, "test"), lengths, depths, trials, progress=progress)
     record = {
@@ -359,7 +361,7 @@ def evaluate_needle(
         "trials": trials_run,
         "seconds": round(time.perf_counter() - tic, 1),
         "provenance": provenance(),
-        **_method_record(method, trained),
+        **_method_record(method, trained, focus_changes),
     }
     write_json(output, record)
     return record
@@ -376,9 +378,11 @@ def evaluate_ruler(
     limit: int | None,
     trained: str | Path | None = None,
     labels: dict[str, str] | None = None,
+    focus_changes: dict[str, Any] | None = None,
 ) -> dict:
-    """RULER (`focus.eval.ruler`) of one (model, method): `limit` documents per task and prompt length."""
-    model, tokenizer = load_method(source, dtype, method, trained)
+    """RULER (`focus.eval.ruler`) of one (model, method): `limit` documents per task and prompt length;
+    `focus_changes` as for `evaluate_perplexity`."""
+    model, tokenizer = load_method(source, dtype, method, trained, focus_changes)
     tic = time.perf_counter()
     scores, logs = run_ruler(model, tokenizer, tasks, lengths, limit)
     write_folder_atomically(Path(samples), lambda folder: write_samples(folder, logs))
@@ -391,7 +395,7 @@ def evaluate_ruler(
         "limit": limit,
         "seconds": round(time.perf_counter() - tic, 1),
         "provenance": provenance(),
-        **_method_record(method, trained),
+        **_method_record(method, trained, focus_changes),
     }
     write_json(output, record)
     return record

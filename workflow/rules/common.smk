@@ -47,7 +47,9 @@ ENVIRONMENT = "../../environment.yml"
 os.environ.setdefault("FOCUS_ROOT", str(Path(workflow.basedir).absolute()))
 MODELS = list(P["models"])
 DOMAINS = list(P["data"]["domains"])
-VARIANTS = list(P["variants"])
+EVALUATED = P.get("evaluated", {})  # variants that score another's adapter with changes made at inference
+VARIANTS = [variant for variant in P["variants"] if variant not in EVALUATED]  # the trained ones
+SCORED_VARIANTS = list(P["variants"])  # the trained ones and those scored from their adapters
 EVAL_DOMAINS = P["perplexity"]["domains"]
 PPL_VALIDATION = P["perplexity"]["validation_domains"]  # also scored on their validation split
 LORA = P.get("lora") or {"models": [], "grid": {}}
@@ -70,7 +72,7 @@ def _alternatives(names):
 wildcard_constraints:
     model=_alternatives(MODELS),
     domain=_alternatives(DOMAINS),
-    variant=_alternatives(VARIANTS),
+    variant=_alternatives(SCORED_VARIANTS),
     method=_alternatives(sorted({method for spec in P["models"].values() for method in spec["methods"]})),
     lora=_alternatives(LORA["grid"]),
     peer=_alternatives(PEERS["methods"]),
@@ -91,6 +93,16 @@ def train_folder(model, variant):
 def peer_adapter(model, peer):
     """The adapter a training-free peer is evaluated from (built by the peer rule, never trained)."""
     return f"{R}/peers/{model}/{peer}/adapter"
+
+
+def trained_variant(variant):
+    """The variant whose adapter `variant` runs: itself, or an evaluated variant's `adapter_of`."""
+    return EVALUATED[variant]["adapter_of"] if variant in EVALUATED else variant
+
+
+def inference_changes(variant):
+    """The settings an evaluated variant changes at inference over its adapter's ({} for a trained one)."""
+    return EVALUATED[variant]["changes"] if variant in EVALUATED else {}
 
 
 def trained_variants():
@@ -213,7 +225,7 @@ def interpret_report(name, caption):
 PAGES = {}  # HTML a rule writes for reading (W&B shows it too)
 INTERPRET = P.get("interpret")  # resolved: models, then focus.eval.config.InterpretConfig fields
 for _model in (INTERPRET or {}).get("models", []):
-    for _variant in VARIANTS:
+    for _variant in SCORED_VARIANTS:
         _folder = interpret_folder(_model, _variant)
         for _table in ("group_layers", "group_shares", "group_categories", "group_top_tokens"):
             TABLES[f"interpret_{_table}_{_model}_{_variant}"] = f"{_folder}/{_table}.csv"
@@ -352,7 +364,7 @@ def trained_input(model, method):
     """{"trained": <the folder `method` loads on top of the model>} or {} for the pretrained model."""
     variant = method_variant(method)
     if variant is not None:
-        return {"trained": f"{train_folder(model, variant[0])}/adapter"}
+        return {"trained": f"{train_folder(model, trained_variant(variant[0]))}/adapter"}
     if method == FULL_FINETUNE:
         return {"trained": f"{train_folder(model, FULL_FINETUNE)}/model"}
     if method in LORA["grid"]:
@@ -368,6 +380,19 @@ def perplexity_inputs(wildcards):
 
 def method_inputs(wildcards):
     return trained_input(wildcards.model, wildcards.method)
+
+
+def method_focus_changes(wildcards):
+    variant = method_variant(wildcards.method)
+    return {} if variant is None else inference_changes(variant[0])
+
+
+def variant_adapter(wildcards):
+    return f"{train_folder(wildcards.model, trained_variant(wildcards.variant))}/adapter"
+
+
+def variant_focus_changes(wildcards):
+    return inference_changes(wildcards.variant)
 
 
 def long_context_inputs(wildcards):

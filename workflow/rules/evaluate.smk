@@ -20,6 +20,7 @@ rule perplexity:
         max_tokens=PPL.get("max_tokens"),
         batch_size=PPL.get("batch_size", 4),
         split="test",
+        focus_changes=method_focus_changes,
     threads: 1
     resources:
         gpu=model_eval_gpus,  # > 1: one process, the model's layers spread over them
@@ -40,6 +41,7 @@ use rule perplexity as perplexity_validation with:
         max_tokens=PPL.get("max_tokens"),
         batch_size=PPL.get("batch_size", 4),
         split="validation",
+        focus_changes=method_focus_changes,
 
 
 rule benchmarks:
@@ -61,6 +63,7 @@ rule benchmarks:
         limit=HARNESS.get("limit"),
         batch_size=HARNESS.get("batch_size"),
         mirror=P["data"].get("mirror"),
+        focus_changes=method_focus_changes,
     threads: 2
     resources:
         gpu=model_eval_gpus,  # > 1: one process, the model's layers spread over them
@@ -83,6 +86,7 @@ rule long_context_perplexity:
         dtype=model_dtype,
         max_tokens=LONG.get("max_tokens"),
         batch_size=LONG.get("batch_size"),
+        focus_changes=method_focus_changes,
     threads: 2
     resources:
         gpu=model_eval_gpus,  # > 1: one process, the model's layers spread over them
@@ -104,6 +108,7 @@ rule needle:
         source=model_source,
         dtype=model_dtype,
         needle={key: value for key, value in (LONG.get("needle") or {}).items() if key != "methods"},
+        focus_changes=method_focus_changes,
     threads: 2
     resources:
         gpu=model_eval_gpus,  # > 1: one process, the model's layers spread over them
@@ -126,6 +131,7 @@ rule ruler:
         source=model_source,
         dtype=model_dtype,
         ruler=LONG.get("ruler"),
+        focus_changes=method_focus_changes,
     threads: 2
     resources:
         gpu=model_eval_gpus,  # > 1: one process, the model's layers spread over them

@@ -7,7 +7,7 @@ rule interpret:
     conda:
         ENVIRONMENT
     input:
-        adapter=f"{train_folder('{model}', '{variant}')}/adapter",
+        adapter=variant_adapter,
         tokens=train_tokens,
     output:
         summary=f"{INTERPRET_DIR}/summary.json",
@@ -31,6 +31,7 @@ rule interpret:
         dtype=model_dtype,
         seq_len=P["train"]["seq_len"],
         settings={key: value for key, value in (INTERPRET or {}).items() if key != "models"},
+        focus_changes=variant_focus_changes,
     threads: 2
     resources:
         gpu=model_eval_gpus,  # > 1: one process, the model's layers spread over them

@@ -14,7 +14,7 @@ if STUDY:
             test=perplexity_files(),
             long_context=long_context_files(domains=[LONG["domain"]]) if LONG["models"] else [],
             needle=needle_files(),
-            interpret=[f"{interpret_folder(STUDY['model'], v)}/summary.json" for v in VARIANTS
+            interpret=[f"{interpret_folder(STUDY['model'], v)}/summary.json" for v in SCORED_VARIANTS
                        if STUDY["model"] in (INTERPRET or {}).get("models", [])],
         output:
             table=report(TABLES["study"], caption="../report/study_table.rst", category="Study"),

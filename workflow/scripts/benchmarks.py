@@ -15,6 +15,7 @@ evaluate_benchmarks(
     limit=snakemake.params.limit,
     batch_size=snakemake.params.batch_size,
     trained=snakemake.input.get("trained"),
+    focus_changes=snakemake.params.focus_changes,
     mirror=snakemake.params.mirror,
     labels={"model": snakemake.wildcards.model},
 )

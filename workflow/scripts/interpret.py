@@ -22,4 +22,5 @@ interpret_adapter(
     alignment_figure=snakemake.output.alignment_figure,
     examples_html=snakemake.output.examples,
     labels=dict(snakemake.wildcards),
+    focus_changes=snakemake.params.focus_changes,
 )

@@ -14,5 +14,6 @@ evaluate_perplexity(
     max_tokens=snakemake.params.max_tokens,
     batch_size=snakemake.params.batch_size,
     trained=snakemake.input.get("trained"),
+    focus_changes=snakemake.params.focus_changes,
     labels={"model": snakemake.wildcards.model, "domain": snakemake.wildcards.domain},
 )

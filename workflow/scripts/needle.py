@@ -11,6 +11,7 @@ evaluate_needle(
     tokens=snakemake.input.tokens,
     output=snakemake.output[0],
     trained=snakemake.input.get("trained"),
+    focus_changes=snakemake.params.focus_changes,
     labels={"model": snakemake.wildcards.model},
     **snakemake.params.needle,
 )

@@ -11,6 +11,7 @@ evaluate_ruler(
     output=snakemake.output.record,
     samples=snakemake.output.samples,
     trained=snakemake.input.get("trained"),
+    focus_changes=snakemake.params.focus_changes,
     labels={"model": snakemake.wildcards.model},
     **snakemake.params.ruler,
 )
