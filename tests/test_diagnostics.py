@@ -12,6 +12,7 @@ from focus.data import chunk_tokens, load_corpus, tokenize_corpus
 from focus.eval.diagnostics import (
     _oracle_attention,
     distant_attention_recall,
+    distant_pairs_kept,
     heads_by_loss,
     heads_by_lost_attention,
     heads_by_needle_attention,
@@ -49,6 +50,26 @@ def test_recall_and_cost_of_a_sparse_pattern_are_shares(one_thread):
     assert found["recall"] <= found["oracle_recall"] + 1e-9 <= 1 + 1e-9  # nothing keeps more at the same cost
     # Summed over layers the shares weigh every layer's pairs equally: the overall cost is their mean.
     assert found["kept"] == pytest.approx(sum(layer["kept"] for layer in found["layers"]) / len(found["layers"]))
+
+
+@pytest.mark.parametrize("family, config", [
+    ("llama", FocusConfig(num_groups=8, top_k=1, window=4, sink_tokens=1)),
+    ("qwen2", FocusConfig(num_groups=4, top_k=2, window=6, route_queries="query", dense_heads=["l0h0"])),
+    ("llama", FocusConfig(num_groups=8, top_k=1, window=4, selector="quest", budget=0.3)),
+])
+def test_the_pairs_kept_alone_are_the_recalls_share_kept(one_thread, family, config):
+    """`distant_pairs_kept` (the pattern alone: what the perplexity records spend) is exactly the share
+    `distant_attention_recall` reports beside the attention mass, for Focus's groups and a training-free selector,
+    over several rows of a batch; the model's attention is back afterwards."""
+    model = tiny_model(family, seed=0)
+    ids = rows(model, n=3)
+    apply_focus(model, config, calibration_ids=ids)
+    set_focus_mode(model, "hard")
+    expected = distant_attention_recall(model, ids, batch_size=2)["kept"]
+    assert 0 < expected < 1
+    assert distant_pairs_kept(model, ids, batch_size=2) == expected
+    assert distant_pairs_kept(model, ids, batch_size=3) == pytest.approx(expected, abs=1e-12)
+    assert model.config._attn_implementation == "focus"
 
 
 def test_per_head_tallies_sum_to_the_layer_and_dense_heads_keep_every_distant_pair(one_thread):

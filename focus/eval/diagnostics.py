@@ -42,6 +42,7 @@ from focus.models import input_device
 from focus.retrofit import attention_modules, has_focus, head_shape, set_focus_mode
 
 _RECALL = "focus_recall"
+_KEPT = "focus_kept"
 _ORACLE = "focus_oracle"
 _NEEDLE = "focus_needle"
 _TALLY = "_focus_recall_tally"  # per module, (K, 6) per key/value head: mass kept, distant mass, pairs kept, distant
@@ -76,6 +77,25 @@ def distant_attention_recall(model: PreTrainedModel, rows: torch.Tensor, batch_s
         delattr(module, _TALLY)
     return {**_shares(sum(t.sum(dim=0) for t in tallies)), "layers": [_shares(t.sum(dim=0)) for t in tallies],
             "heads": [[_shares(head) for head in t] for t in tallies]}
+
+
+@torch.no_grad()
+def distant_pairs_kept(model: PreTrainedModel, rows: torch.Tensor, batch_size: int = 4) -> float:
+    """The share of distant pairs the model's hard Focus pattern keeps on `rows` (N, L): `distant_attention_recall`'s
+    "kept", without the attention weights and the oracle's sort that its other shares need (at 8K tokens those take
+    most of 20 GB and minutes a row; the pattern alone, a boolean per pair)."""
+    if not has_focus(model):
+        raise ValueError("distant_pairs_kept needs a model with Focus applied")
+    modules = attention_modules(model)
+    for module in modules:
+        setattr(module, _TALLY, 0)
+    with _attending(model, _KEPT, _kept_attention):
+        for batch in rows.split(batch_size):
+            model(input_ids=batch.to(input_device(model)), use_cache=False)
+    kept, distant = sum(getattr(module, _TALLY) for module in modules).tolist()
+    for module in modules:
+        delattr(module, _TALLY)
+    return kept / max(distant, 1)
 
 
 def heads_by_lost_attention(model: PreTrainedModel, rows: torch.Tensor, batch_size: int = 1) -> list[tuple[str, float]]:
@@ -180,6 +200,19 @@ def _shares(tally: torch.Tensor) -> dict[str, float]:
             "distant_mass": distant_mass / max(all_mass, 1e-30), "lost": (distant_mass - kept_mass) / max(all_mass, 1e-30)}
 
 
+def _kept_attention(module: nn.Module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None,
+                    **kwargs):
+    """The unmodified attention, counting the distant pairs the hard Focus pattern of this call keeps (over every
+    query head) and the distant pairs there are."""
+    kept, distant, _ = _pattern(module, query, key, value, attention_mask, kwargs.get("position_ids"))
+    distant_pairs = distant.sum(dtype=torch.float64) * query.shape[1] * (query.shape[0] // distant.shape[0])
+    tally = torch.stack([(kept & distant).sum(dtype=torch.float64), distant_pairs]).cpu()
+    setattr(module, _TALLY, getattr(module, _TALLY) + tally)
+    base_mask = None if attention_mask is None else attention_mask[..., :key.shape[2]]
+    out = unmodified_attention(query, key, value, base_mask, scaling, dropout, softcap)
+    return out.transpose(1, 2).contiguous(), None
+
+
 def _recall_attention(module: nn.Module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None,
                       **kwargs):
     """The unmodified attention, tallying what the hard Focus pattern of this call keeps of it."""
@@ -252,9 +285,20 @@ def _oracle_attention(module: nn.Module, query, key, value, attention_mask, scal
 
 
 def _pattern_and_logits(module: nn.Module, query, key, value, attention_mask, scaling, softcap, position_ids):
-    """(kept, distant, logits, allowed) of one call: the hard Focus pattern (B, H, Q, L) bool per query head, the
-    distant pairs it routes (beyond the window, sinks excluded; (B or 1, 1, Q, L)), the float32 attention logits
-    (B, H, Q, L) and the pairs the model allows ((B or 1, 1, Q, L))."""
+    """(kept, distant, logits, allowed) of one call: `_pattern`'s and the float32 attention logits (B, H, Q, L)."""
+    kept, distant, allowed = _pattern(module, query, key, value, attention_mask, position_ids)
+    h, d, k_heads = query.shape[1], query.shape[3], key.shape[1]
+    logits = torch.einsum("bhqd,bhld->bhql", query.float(), key.float().repeat_interleave(h // k_heads, dim=1))
+    logits = logits * (d**-0.5 if scaling is None else scaling)
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    return kept, distant, logits, allowed
+
+
+def _pattern(module: nn.Module, query, key, value, attention_mask, position_ids):
+    """(kept, distant, allowed) of one call: the hard Focus pattern (B, H, Q, L) bool per query head, the distant
+    pairs it routes (beyond the window, sinks excluded; (B or 1, 1, Q, L)) and the pairs the model allows ((B or 1, 1,
+    Q, L))."""
     config = module.focus_config
     b, h, q_len, d = query.shape
     k_heads, k_len = key.shape[1], key.shape[2]
@@ -275,8 +319,4 @@ def _pattern_and_logits(module: nn.Module, query, key, value, attention_mask, sc
     distant = allowed & ~local_pairs(q_len, k_len, config.window, query.device)
     if sinks is not None:
         distant = distant & ~sinks[:, None, None, :]
-    logits = torch.einsum("bhqd,bhld->bhql", query.float(), key.float().repeat_interleave(h // k_heads, dim=1))
-    logits = logits * (d**-0.5 if scaling is None else scaling)
-    if softcap is not None:
-        logits = softcap * torch.tanh(logits / softcap)
-    return kept, distant, logits, allowed
+    return kept, distant, allowed

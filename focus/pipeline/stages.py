@@ -38,7 +38,7 @@ from focus.distributed import (
     shard_model,
     torchrun_process_group,
 )
-from focus.eval.diagnostics import distant_attention_recall
+from focus.eval.diagnostics import distant_pairs_kept
 from focus.eval.harness import run_tasks, write_mirror_tasks, write_samples
 from focus.eval.needle import needle_trials
 from focus.eval.perplexity import perplexity
@@ -261,8 +261,7 @@ def evaluate_perplexity(
     result = perplexity(model, ids, context_length, stride or context_length, batch_size, progress=progress)
     kept = None
     if method_kind(method) in ("focus-hard", PEER):  # the budget a hard pattern spends, on its first rows
-        with torch.no_grad():
-            kept = distant_attention_recall(model, chunk_tokens(ids, context_length)[:KEPT_ROWS], batch_size=1)["kept"]
+        kept = distant_pairs_kept(model, chunk_tokens(ids, context_length)[:KEPT_ROWS], batch_size=1)
     record = {
         **(labels or {}),
         "method": method,
