@@ -15,7 +15,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 STAMP = "*Made at commit "
 
 LEGACY = {
-    "forgetting_screen_validation.md", "no_worse_lengths.md", "no_worse_lengths_validation.md",
+    "forgetting_screen_validation.md", "no_worse_lengths_validation.md",
     "no_worse_screen2_validation.md", "no_worse_screen3_validation.md", "no_worse_screen4_validation.md",
     "no_worse_top1_validation.md", "no_worse_validation.md", "ruler_screen_no_worse.md",
     "ruler_screen_peers.md", "ruler_screen_peers_4k.md", "ruler_screen_screen.md", "study_part1.md",
@@ -26,8 +26,8 @@ the speed profile's snapshot (benchmarks/results/speed/), part 4's oracle test w
 the oracle floor's when its profile re-made every row, the two routing screens' when theirs did
 (configs/routing_designs.yaml and routing_shapes.yaml), FlexAttention's when the speed profile's microbenchmark
 re-made it, part 5's and part 6's test reports when configs/forgetting_test.yaml and no_worse_test.yaml did, the peers'
-pass-key when configs/peers_test.yaml did, and its three perplexity tables (the lower budget, 2K on every text) when
-that profile grew to them. Their text says the machine; `git log` the commit they came with."""
+pass-key when configs/peers_test.yaml did, its three perplexity tables (the lower budget, 2K on every text) when
+that profile grew to them, and part 6's per-length table when configs/no_worse_lengths_test.yaml re-made it. Their text says the machine; `git log` the commit they came with."""
 
 
 BRACES = re.compile(r"([\w\-/.]*)\{([\w,]+)\}([\w\-]*\.(?:md|csv|png|svg|json)\b)?")
@@ -173,6 +173,16 @@ def test_the_peers_page_quotes_its_snapshot():
     tables = [RESULTS / "peers_test" / "tables" / name for name in ("peers.csv", "long_context.csv")]
     quoted, missing = unquoted(section, tables, percent=True)
     assert len(quoted) > 200 and not missing, missing
+
+
+def test_the_per_length_table_quotes_its_snapshot():
+    """docs/study.md part 6's per-length table: each change, bound and share kept is a value of the long-context table
+    of configs/no_worse_lengths_test.yaml's snapshot, each speed one of the speed profile's generate() table."""
+    text = (ROOT / "docs" / "study.md").read_text()
+    start = text.index("| context (windows) |", text.index("**Length decides where Focus acts**"))
+    tables = [RESULTS / "no_worse_lengths_test" / "tables" / "long_context.csv", RESULTS / "speed" / "bench" / "generate.csv"]
+    quoted, missing = unquoted(text[start:text.index("\n\n", start)], tables, percent=True)
+    assert len(quoted) == 5 * 10 - 2 and not missing, missing  # (no speed timed at 512)
 
 
 def test_the_notebook_runs_top_to_bottom_on_a_committed_snapshot(tmp_path):
