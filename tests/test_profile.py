@@ -199,23 +199,31 @@ def test_the_no_worse_screen_is_a_profile_of_its_designs():
     assert profile["study"]["baseline"] == "base" and smollm2["gpus"] == 1
 
 
-def test_the_forgetting_screen_is_a_profile_of_the_adapters_it_trained():
-    """configs/forgetting.yaml's variants are the adapters of benchmarks/results/forgetting_screen_validation.csv, each
-    at the window it was trained at (its first row: later rows of an adapter change it after training) and with the
-    dense heads it was trained with."""
+def test_the_forgetting_screen_is_a_profile_of_every_row_it_scored():
+    """configs/forgetting.yaml's trained variants are the adapters of benchmarks/results/forgetting_screen_validation.csv,
+    each at the window it was trained at (its first row) and with the dense heads it was trained with; each later row
+    of an adapter (dense heads or a window changed after training) is a variant with `adapter_of` that adapter, at
+    that row's window and dense heads."""
     import pandas as pd
 
-    screen = pd.read_csv(ROOT / "benchmarks" / "results" / "forgetting_screen_validation.csv").fillna({"select": ""})
-    trained = screen[screen["adapter"] != "pretrained"].groupby("adapter", sort=False).first()
+    screen = pd.read_csv(ROOT / "benchmarks" / "results" / "forgetting_screen_validation.csv").fillna(
+        {"select": "", "dense_heads": ""})
+    screen = screen[screen["adapter"] != "pretrained"]
     path = ROOT / "configs" / "forgetting.yaml"
     profile = resolve_profile(with_base(yaml.safe_load(path.read_text()), [path.parent]), SCHEMA)
-    smollm2 = profile["models"]["smollm2"]
-    assert list(smollm2["variants"]) == list(trained.index)
-    for name, row in trained.iterrows():
+    smollm2, evaluated = profile["models"]["smollm2"], profile["evaluated"]
+    first = screen.groupby("adapter", sort=False).first()
+    assert list(smollm2["training"]) == list(first.index)
+    for name, row in first.iterrows():
         focus = smollm2["variants"][name]
         assert focus["window"] == row["window"], name
         heads = row["dense_heads"].split() if row["select"] == "trained" and row["dense"] else []
         assert list(focus["dense_heads"]) == heads, name
+    later = screen[screen.duplicated("adapter")]
+    scored = {(spec["adapter_of"], smollm2["variants"][name]["window"], " ".join(sorted(
+        smollm2["variants"][name]["dense_heads"]))) for name, spec in evaluated.items()}
+    assert scored == {(row.adapter, row.window, " ".join(sorted(row.dense_heads.split()))) for row in later.itertuples()}
+    assert len(evaluated) == len(later) == 6
     assert smollm2["training"]["st300"]["rows"]["retrieval_share"] == 0 and smollm2["gpus"] == 1
 
 

@@ -1,9 +1,13 @@
 """The names the pipeline gives methods: pretrained, full_finetune, `<variant>-soft|hard`, `lora_r<rank>_lr<lr>`, and
-the training-free peers `<selector>@<budget>` (hard top-k only: a selection rule has no soft form)."""
+the training-free peers `<selector>@<budget>` (hard top-k only: a selection rule has no soft form); and the variants
+that are methods only (`adapter_of`: a trained variant's adapter with changes made at inference)."""
 
 from __future__ import annotations
 
 import re
+from typing import Any
+
+from focus.config import ConfigError
 
 PRETRAINED = "pretrained"
 FULL_FINETUNE = "full_finetune"
@@ -66,3 +70,31 @@ def method_kind(method: str) -> str:
         return PEER
     variant = method_variant(method)
     return method if variant is None else f"focus-{variant[1]}"
+
+
+INFERENCE_SETTINGS = ("top_k", "window", "sink_tokens", "dense_heads", "dense_below")
+"""The FocusConfig settings a trained adapter takes at inference without training anew (`set_focus_mode`'s)."""
+
+
+def evaluated_variants(variants: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """{variant: {"adapter_of", "changes"}} of the variants that name `adapter_of`: a trained variant (not the first:
+    the profile's main design, which the peers and the claims build on, is trained), changed only in
+    `INFERENCE_SETTINGS`."""
+    evaluated = {}
+    for position, (variant, changes) in enumerate(variants.items()):
+        if "adapter_of" not in changes:
+            continue
+        where, source = f"variants.{variant}", changes["adapter_of"]
+        if position == 0:
+            raise ConfigError(f"{where}.adapter_of: the first variant is the profile's main design and is trained; "
+                              "put the variants that reuse an adapter after it")
+        if source not in variants or "adapter_of" in variants[source]:
+            trained = sorted(name for name, spec in variants.items() if "adapter_of" not in spec)
+            raise ConfigError(f"{where}.adapter_of: {source!r} names no trained variant of this profile {trained}")
+        other = sorted(set(changes) - {"adapter_of", *INFERENCE_SETTINGS})
+        if other:
+            raise ConfigError(f"{where}: {other} need a training of their own; a variant with adapter_of changes only "
+                              f"{list(INFERENCE_SETTINGS)}")
+        evaluated[variant] = {"adapter_of": source,
+                              "changes": {key: value for key, value in changes.items() if key != "adapter_of"}}
+    return evaluated

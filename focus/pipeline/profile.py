@@ -16,10 +16,11 @@ import yaml
 
 from focus.config import ConfigError, FocusConfig, to_dict, yaml_number_hint
 from focus.data import MirrorError, corpus_location, verify_mirror_file
-from focus.eval.config import InterpretConfig
 from focus.eval.harness import mirror_task_files
-from focus.pipeline.methods import FULL_FINETUNE, MODES, PRETRAINED, lora_name, method_variant, parse_peer_name
+from focus.pipeline.methods import (FULL_FINETUNE, MODES, PRETRAINED, evaluated_variants, lora_name, method_variant,
+                                    parse_peer_name)
 from focus.pipeline.microbenchmarks import check_microbenchmarks
+from focus.pipeline.sections import interpret_dict, recall_screen_dict, section_models, study_dict
 from focus.sources import PACKAGED_SMOLLM2, check_model_source, position_limit
 from focus.train.config import ScratchModel, TrainConfig
 
@@ -68,7 +69,7 @@ def resolve_profile(config: dict[str, Any], schema: dict[str, Any]) -> dict[str,
     profile = dict(config)
     profile["results"] = f"results/{config['name']}"
     variants = config.get("variants") or {"focus": {}}
-    evaluated = _evaluated_variants(variants)
+    evaluated = evaluated_variants(variants)
     trained = {variant: changes for variant, changes in variants.items() if variant not in evaluated}
     train = config["train"]
     baseline = train.get("full_finetune")
@@ -149,15 +150,15 @@ def resolve_profile(config: dict[str, Any], schema: dict[str, Any]) -> dict[str,
         profile["peers"] = _peers_dict(config["peers"], models, variants)
     profile.update(_evaluation_sections(config, models, profile["methods"], profile.get("peers")))
     if config.get("interpret") is not None:
-        profile["interpret"] = _interpret_dict(config["interpret"], models)
+        profile["interpret"] = interpret_dict(config["interpret"], models)
     if config.get("scratch") is not None:
         profile["scratch"] = _scratch_dict(config["scratch"], config["data"]["domains"])
     profile["perplexity"] = _perplexity_dict(config["perplexity"], config["data"]["domains"])
     _check_positions(profile)
     if config.get("study") is not None:
-        profile["study"] = _study_dict(config["study"], variants, models, profile["perplexity"])
+        profile["study"] = study_dict(config["study"], variants, models, profile["perplexity"])
     if config.get("recall_screen") is not None:
-        profile["recall_screen"] = _recall_screen_dict(config["recall_screen"], trained, models, config["data"])
+        profile["recall_screen"] = recall_screen_dict(config["recall_screen"], trained, models, config["data"])
     check_microbenchmarks(config.get("microbenchmarks") or {}, trained, config["data"])
     compared = {"study": [profile["study"]["model"]] if "study" in profile else [],
                 "peers": profile.get("peers", {}).get("models", [])}
@@ -167,58 +168,6 @@ def resolve_profile(config: dict[str, Any], schema: dict[str, Any]) -> dict[str,
                 raise ConfigError(f"models.{name}.domains: {section} compares it on every perplexity domain; "
                                   "leave its domains out")
     return profile
-
-
-INFERENCE_SETTINGS = ("top_k", "window", "sink_tokens", "dense_heads", "dense_below")
-"""The FocusConfig settings a trained adapter takes at inference without training anew (`set_focus_mode`'s)."""
-
-
-def _evaluated_variants(variants: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """{variant: {"adapter_of", "changes"}} of the variants that name `adapter_of`: a trained variant (not the first:
-    the profile's main design, which the peers and the claims build on, is trained), changed only in
-    `INFERENCE_SETTINGS`."""
-    evaluated = {}
-    for position, (variant, changes) in enumerate(variants.items()):
-        if "adapter_of" not in changes:
-            continue
-        where, source = f"variants.{variant}", changes["adapter_of"]
-        if position == 0:
-            raise ConfigError(f"{where}.adapter_of: the first variant is the profile's main design and is trained; "
-                              "put the variants that reuse an adapter after it")
-        if source not in variants or "adapter_of" in variants[source]:
-            trained = sorted(name for name, spec in variants.items() if "adapter_of" not in spec)
-            raise ConfigError(f"{where}.adapter_of: {source!r} names no trained variant of this profile {trained}")
-        other = sorted(set(changes) - {"adapter_of", *INFERENCE_SETTINGS})
-        if other:
-            raise ConfigError(f"{where}: {other} need a training of their own; a variant with adapter_of changes only "
-                              f"{list(INFERENCE_SETTINGS)}")
-        evaluated[variant] = {"adapter_of": source,
-                              "changes": {key: value for key, value in changes.items() if key != "adapter_of"}}
-    return evaluated
-
-
-def _recall_screen_dict(section: dict[str, Any], variants: dict[str, Any], models: dict[str, Any],
-                        data: dict[str, Any]) -> dict[str, Any]:
-    """The `recall_screen` section with its defaults and its model, domains and variant routers checked."""
-    screen = {"model": next(iter(models)), "split": "validation", "rows": 4, "shares": [0.05, 0.1, 0.2, 0.3, 0.5],
-              "keys": [256, 512, 1024, 2048], "last_queries": 1024, "ppl_shares": [], "ppl_keys": [], "ppl_rows": 8,
-              "ppl_routers": None, **section}
-    if screen["model"] not in models:
-        raise ConfigError(f"recall_screen.model: {screen['model']!r} is not one of this profile's models "
-                          f"{sorted(models)}")
-    for domain in screen["domains"]:
-        if screen["split"] not in data["domains"].get(domain, []):
-            raise ConfigError(f"recall_screen.domains: {domain!r} needs its {screen['split']!r} split; list it in "
-                              f"data.domains.{domain}")
-    for name, spec in screen["routers"].items():
-        if spec.startswith("variant:") and spec.removeprefix("variant:") not in variants:
-            raise ConfigError(f"recall_screen.routers.{name}: {spec!r} names no variant of this profile "
-                              f"{sorted(variants)}")
-    for name in screen["ppl_routers"] or []:
-        if name not in screen["routers"]:
-            raise ConfigError(f"recall_screen.ppl_routers: {name!r} is not one of its routers "
-                              f"{sorted(screen['routers'])}")
-    return screen
 
 
 def _check_positions(profile: dict[str, Any]) -> None:
@@ -254,38 +203,12 @@ def _perplexity_dict(section: dict[str, Any], domains: dict[str, list[str]]) -> 
     return resolved
 
 
-def _study_dict(study: dict[str, Any], variants: dict[str, Any], models: dict[str, Any],
-                perplexity: dict[str, Any]) -> dict[str, Any]:
-    """The `study` section with its `model` (default the first) checked against the profile."""
-    study = {"model": next(iter(models)), **study}
-    if study["model"] not in models:
-        raise ConfigError(f"study.model: {study['model']!r} is not one of this profile's models {sorted(models)}")
-    if study["baseline"] not in variants:
-        raise ConfigError(f"study.baseline: {study['baseline']!r} is not one of the variants {sorted(variants)}")
-    if study["domain"] not in perplexity["validation_domains"]:
-        raise ConfigError(
-            f"study.domain: {study['domain']!r} must be a perplexity domain scored on its validation split "
-            "(list it in perplexity.domains, 'validation' in perplexity.splits and in data.domains)"
-        )
-    return study
-
-
-def _interpret_dict(section: dict[str, Any], models: dict[str, Any]) -> dict[str, Any]:
-    """The `interpret` section resolved: `models` (default all) plus every InterpretConfig field."""
-    chosen = _section_models("interpret", section, models)
-    try:
-        fields = InterpretConfig.from_dict({k: v for k, v in section.items() if k != "models"})
-    except ConfigError as err:
-        raise ConfigError(f"interpret: {err}") from None
-    return {"models": chosen, **to_dict(fields)}
-
-
 def _peers_dict(section: dict[str, Any], models: dict[str, Any], variants: dict[str, Any]) -> dict[str, Any]:
     """The `peers` section resolved: `models` (default all), `methods` (the selectors' names as written), `routers`
     where set (the variants, trained, that every peer is paired against; checked), and per covered model `peers`
     ({name: FocusConfig dict}): its first variant's config, hard, with that selector and budget (the same window,
     sinks and groups as the trained router it is compared with)."""
-    chosen = _section_models("peers", section, models)
+    chosen = section_models("peers", section, models)
     for name in chosen:
         first = next(iter(models[name]["variants"].values()))
         models[name]["peers"] = {}
@@ -315,7 +238,7 @@ def _evaluation_sections(config: dict[str, Any], models: dict[str, Any], methods
     if config.get("lora") is not None:
         lora = {"alpha_ratio": 2.0, "dropout": 0.0, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
                 **config["lora"]}
-        lora["models"] = _section_models("lora", lora, models)
+        lora["models"] = section_models("lora", lora, models)
         lora["grid"] = {
             lora_name(rank, lr): {"rank": rank, "lr": lr, "alpha": lora["alpha_ratio"] * rank}
             for rank in lora["ranks"] for lr in lora["lrs"]
@@ -329,12 +252,12 @@ def _evaluation_sections(config: dict[str, Any], models: dict[str, Any], methods
     focus_methods = [method for method in methods if method_variant(method) is not None]
     if config.get("harness") is not None:
         harness = {"limit": None, "batch_size": 8, "chat_tasks": [], **config["harness"]}
-        harness["models"] = _section_models("harness", harness, models)
+        harness["models"] = section_models("harness", harness, models)
         harness["methods"] = [PRETRAINED, *focus_methods, *lora_methods]
         resolved["harness"] = harness
     if config.get("long_context") is not None:
         long_context = {"batch_size": 1, "max_tokens": None, "needle": None, "ruler": None, **config["long_context"]}
-        long_context["models"] = _section_models("long_context", long_context, models)
+        long_context["models"] = section_models("long_context", long_context, models)
         modes = long_context.get("modes", MODES)  # (the key stays unset where a profile does not set it: its hash)
         scored = [method for method in focus_methods if method_variant(method)[1] in modes]
         long_context["methods"] = [PRETRAINED, *scored, *peer_methods]  # each model's own: see its methods
@@ -348,14 +271,6 @@ def _evaluation_sections(config: dict[str, Any], models: dict[str, Any], methods
                               f"{long_context['methods']}")
         resolved["long_context"] = long_context
     return resolved
-
-
-def _section_models(section: str, values: dict[str, Any], models: dict[str, Any]) -> list[str]:
-    chosen = values.get("models") or list(models)
-    unknown = [name for name in chosen if name not in models]
-    if unknown:
-        raise ConfigError(f"{section}.models: {unknown[0]!r} is not one of this profile's models {sorted(models)}")
-    return list(chosen)
 
 
 def _check_schema(config: dict[str, Any], schema: dict[str, Any]) -> None:
