@@ -66,15 +66,7 @@ def distant_attention_recall(model: PreTrainedModel, rows: torch.Tensor, batch_s
     """
     if not has_focus(model):
         raise ValueError("distant_attention_recall needs a model with Focus applied")
-    modules = attention_modules(model)
-    for module in modules:
-        setattr(module, _TALLY, 0)
-    with _attending(model, _RECALL, _recall_attention):
-        for batch in rows.split(batch_size):
-            model(input_ids=batch.to(input_device(model)), use_cache=False)
-    tallies = [getattr(module, _TALLY) for module in modules]
-    for module in modules:
-        delattr(module, _TALLY)
+    tallies = _tallies(model, rows, batch_size, _RECALL, _recall_attention)
     return {**_shares(sum(t.sum(dim=0) for t in tallies)), "layers": [_shares(t.sum(dim=0)) for t in tallies],
             "heads": [[_shares(head) for head in t] for t in tallies]}
 
@@ -86,16 +78,24 @@ def distant_pairs_kept(model: PreTrainedModel, rows: torch.Tensor, batch_size: i
     took 17 GB and passed 14 minutes on 2 cores; the pattern alone, a boolean per pair, under 5 minutes)."""
     if not has_focus(model):
         raise ValueError("distant_pairs_kept needs a model with Focus applied")
+    kept, distant = sum(_tallies(model, rows, batch_size, _KEPT, _kept_attention)).tolist()
+    return kept / max(distant, 1)
+
+
+def _tallies(model: PreTrainedModel, rows: torch.Tensor, batch_size: int, name: str, function) -> list[torch.Tensor]:
+    """Each layer's tally after `rows` ran through `model` in batches, every layer attending through `function`
+    (registered as `name`), which adds its call's counts to the module's `_TALLY`."""
     modules = attention_modules(model)
     for module in modules:
         setattr(module, _TALLY, 0)
-    with _attending(model, _KEPT, _kept_attention):
-        for batch in rows.split(batch_size):
-            model(input_ids=batch.to(input_device(model)), use_cache=False)
-    kept, distant = sum(getattr(module, _TALLY) for module in modules).tolist()
-    for module in modules:
-        delattr(module, _TALLY)
-    return kept / max(distant, 1)
+    try:
+        with _attending(model, name, function):
+            for batch in rows.split(batch_size):
+                model(input_ids=batch.to(input_device(model)), use_cache=False)
+        return [getattr(module, _TALLY) for module in modules]
+    finally:
+        for module in modules:
+            delattr(module, _TALLY)
 
 
 def heads_by_lost_attention(model: PreTrainedModel, rows: torch.Tensor, batch_size: int = 1) -> list[tuple[str, float]]:
