@@ -136,10 +136,11 @@ def test_the_screen_profiles_dry_run_their_designs(tmp_path):
     counts = job_counts(result.stdout)
     assert counts["train_focus"] == 2 and counts["needle"] == 1 + 2 and counts["perplexity"] == 3 * 5  # hard only
     assert "gpu=1" not in result.stdout
-    # The no-worse screen's per-length table on the CPU: the chosen design and pretrained, two texts, 512 to 8K.
+    # The no-worse screen's per-length table on the CPU: the chosen design (trained twice, two batch orders) and
+    # pretrained, two texts, 512 to 8K.
     result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "no_worse_lengths_test.yaml"), "-n")
     counts = job_counts(result.stdout)
-    assert counts["train_focus"] == 1 and counts["long_context_perplexity"] == 2 * 2 * 5 and "needle" not in counts
+    assert counts["train_focus"] == 2 and counts["long_context_perplexity"] == 3 * 2 * 5 and "needle" not in counts
     assert "gpu=1" not in result.stdout
     # The peers without RULER, on the CPU: the same designs at 512 and 2K, the pass-key of those at Focus's budget;
     # the chosen design's adapter at top-1 beside them, not trained (adapter_of).
