@@ -55,7 +55,8 @@ def test_the_markdown_keeps_each_corpus_and_the_pass_key_apart(tmp_path):
                record(tmp_path, "pretrained", 512, [2.0, 2.2], "wikitext2")]
     needle = tmp_path / "needle.json"
     needle.write_text(json.dumps({"model": "m", "method": "pretrained", "trials": [
-        {"length": 1024, "correct": True, "key_logprob": -0.5}, {"length": 1024, "correct": False, "key_logprob": -3.0}]}))
+        {"length": 1024, "correct": True, "key_logprob": -0.5},
+        {"length": 1024, "correct": False, "key_logprob": -3.0}]}))
     write_evaluation_tables([], {}, {}, {}, [], [], records, [needle], {"long_context": tmp_path / "long_context.csv"})
     table = (tmp_path / "long_context.md").read_text()
     assert f"{math.exp(3.1):.4g}" in table and f"{math.exp(2.1):.4g}" in table  # each corpus its own row

@@ -200,10 +200,10 @@ def test_the_no_worse_screen_is_a_profile_of_its_designs():
 
 
 def test_the_forgetting_screen_is_a_profile_of_every_row_it_scored():
-    """configs/forgetting.yaml's trained variants are the adapters of benchmarks/results/forgetting_screen_validation.csv,
-    each at the window it was trained at (its first row) and with the dense heads it was trained with; each later row
-    of an adapter (dense heads or a window changed after training) is a variant with `adapter_of` that adapter, at
-    that row's window and dense heads."""
+    """configs/forgetting.yaml's trained variants are the adapters of
+    benchmarks/results/forgetting_screen_validation.csv, each at the window it was trained at (its first row) and with
+    the dense heads it was trained with; each later row of an adapter (dense heads or a window changed after training)
+    is a variant with `adapter_of` that adapter, at that row's window and dense heads."""
     import pandas as pd
 
     screen = pd.read_csv(ROOT / "benchmarks" / "results" / "forgetting_screen_validation.csv").fillna(
@@ -222,7 +222,8 @@ def test_the_forgetting_screen_is_a_profile_of_every_row_it_scored():
     later = screen[screen.duplicated("adapter")]
     scored = {(spec["adapter_of"], smollm2["variants"][name]["window"], " ".join(sorted(
         smollm2["variants"][name]["dense_heads"]))) for name, spec in evaluated.items()}
-    assert scored == {(row.adapter, row.window, " ".join(sorted(row.dense_heads.split()))) for row in later.itertuples()}
+    assert scored == {(row.adapter, row.window, " ".join(sorted(row.dense_heads.split())))
+                      for row in later.itertuples()}
     assert len(evaluated) == len(later) == 6
     assert smollm2["training"]["st300"]["rows"]["retrieval_share"] == 0 and smollm2["gpus"] == 1
 

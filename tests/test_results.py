@@ -27,7 +27,8 @@ the oracle floor's when its profile re-made every row, the two routing screens' 
 (configs/routing_designs.yaml and routing_shapes.yaml), FlexAttention's when the speed profile's microbenchmark
 re-made it, part 5's and part 6's test reports when configs/forgetting_test.yaml and no_worse_test.yaml did, the peers'
 pass-key when configs/peers_test.yaml did, its three perplexity tables (the lower budget, 2K on every text) when
-that profile grew to them, and part 6's per-length table when configs/no_worse_lengths_test.yaml re-made it. Their text says the machine; `git log` the commit they came with."""
+that profile grew to them, and part 6's per-length table when configs/no_worse_lengths_test.yaml re-made it. Their
+text says the machine; `git log` the commit they came with."""
 
 
 BRACES = re.compile(r"([\w\-/.]*)\{([\w,]+)\}([\w\-]*\.(?:md|csv|png|svg|json)\b)?")
@@ -180,7 +181,8 @@ def test_the_per_length_table_quotes_its_snapshot():
     of configs/no_worse_lengths_test.yaml's snapshot, each speed one of the speed profile's generate() table."""
     text = (ROOT / "docs" / "study.md").read_text()
     start = text.index("| context (windows) |", text.index("**Length decides where Focus acts**"))
-    tables = [RESULTS / "no_worse_lengths_test" / "tables" / "long_context.csv", RESULTS / "speed" / "bench" / "generate.csv"]
+    tables = [RESULTS / "no_worse_lengths_test" / "tables" / "long_context.csv",
+              RESULTS / "speed" / "bench" / "generate.csv"]
     quoted, missing = unquoted(text[start:text.index("\n\n", start)], tables, percent=True)
     assert len(quoted) == 5 * 10 - 2 and not missing, missing  # (no speed timed at 512)
 
