@@ -88,8 +88,8 @@ def test_the_screen_profiles_dry_run_their_designs(tmp_path):
     scored, and screened beside the oracle; the routing screens: five untrained designs each, screened; the GPU
     profile: the router screen and the speed rows on one GPU; the peers: seven training-free selectors beside the
     chosen design, its top-1 training and its adapter at top-1, on one GPU each, and without RULER on the CPU; the
-    forgetting screen: eight designs on one GPU, the chosen one on test on the CPU; the no-worse screen's test report and its per-length table
-    on the CPU; the speed tables: the chosen design's adapter timed by every speed rule."""
+    forgetting screen: eight designs on one GPU, the chosen one on test on the CPU; the no-worse screen's test report
+    and its per-length table on the CPU; the speed tables: the chosen design's adapter timed by every speed rule."""
     result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "no_worse.yaml"), "-n")
     counts = job_counts(result.stdout)
     assert counts["train_focus"] == 16 and counts["study"] == 1 and counts["needle"] == 1 + 2 * 16
