@@ -184,7 +184,7 @@ def test_the_per_length_table_quotes_its_snapshot():
     tables = [RESULTS / "no_worse_lengths_test" / "tables" / "long_context.csv",
               RESULTS / "speed" / "bench" / "generate.csv"]
     quoted, missing = unquoted(text[start:text.index("\n\n", start)], tables, percent=True)
-    assert len(quoted) == 5 * 10 - 2 and not missing, missing  # (no speed timed at 512)
+    assert len(quoted) == 5 * 16 - 2 and not missing, missing  # (no speed timed at 512)
 
 
 def test_the_notebook_runs_top_to_bottom_on_a_committed_snapshot(tmp_path):
