@@ -62,3 +62,35 @@ def test_the_markdown_keeps_each_corpus_and_the_pass_key_apart(tmp_path):
     assert f"{math.exp(3.1):.4g}" in table and f"{math.exp(2.1):.4g}" in table  # each corpus its own row
     needle_rows = [[cell.strip() for cell in line.split("|")[5:7]] for line in table.splitlines() if "needle" in line]
     assert needle_rows == [["—", "0.5"], ["—", "-1.75"]]  # (at 1024 only: its accuracy and mean key log-prob)
+
+
+def test_the_figure_draws_each_change_with_its_interval(tmp_path, monkeypatch):
+    """Beside the perplexities, a panel per corpus draws each method's change from pretrained in percent, its error
+    bar the table's paired interval (what part 6 quotes), in the method's colour on every panel."""
+    import matplotlib.pyplot as plt
+
+    from focus.report import evaluation
+
+    records = [record(tmp_path, method, length, [v + shift + cost * (i + 1) for i, v in enumerate(nll)], domain)
+               for domain, shift in (("books", 0.0), ("wikitext2", -1.0))
+               for length, nll, focus_cost in ((512, [3.0, 3.2, 2.9], 0.01), (2048, [2.8, 2.9, 3.1], 0.03))
+               for method, cost in (("pretrained", 0.0), ("focus-hard", focus_cost))]
+    frame = long_context_frame(records, [])
+    figures = []
+    monkeypatch.setattr(evaluation, "save_figure", lambda fig, path: figures.append(fig))
+    evaluation.plot_long_context(frame, tmp_path / "long_context.png")
+    axes = [ax for ax in figures[0].axes if ax.has_data()]
+    changes = [ax for ax in axes if ax.get_title().startswith("m: change from pretrained")]
+    assert [ax.get_title() for ax in changes] == ["m: change from pretrained (books)",
+                                                  "m: change from pretrained (wikitext2)"]
+    expected = frame[(frame["domain"] == "books") & frame["measure"].str.startswith("perplexity_change")]
+    expected = expected.pivot_table(index="context_length", columns="measure", values="value")
+    bars = changes[0].containers[0]  # focus-hard's errorbar: (line, caps, bar lines)
+    assert list(bars.lines[0].get_ydata()) == pytest.approx(list(100 * expected["perplexity_change"]))
+    segments = bars.lines[2][0].get_segments()
+    assert [end for (_, low), (_, high) in segments for end in (low, high)] == pytest.approx(
+        [end for pair in zip(100 * expected["perplexity_change_low"], 100 * expected["perplexity_change_high"])
+         for end in pair])
+    colour = {line.get_label(): line.get_color() for line in axes[0].get_lines()}["focus-hard"]
+    assert bars.lines[0].get_color() == colour
+    plt.close(figures[0])

@@ -285,29 +285,54 @@ def plot_prompt_lengths(frame: pd.DataFrame, figure: str | Path) -> None:
 
 
 def plot_long_context(frame: pd.DataFrame, figure: str | Path) -> None:
-    """Per model: perplexity against context length per method (a panel per corpus), and needle accuracy against
+    """Per model: perplexity against context length per method (a panel per corpus), its change from pretrained with
+    the paired 95% interval over the windows (a panel per corpus, where the table has it), and needle accuracy against
     prompt length."""
     plt = pyplot()
 
     shown = [(model, measure, domain) for model in dict.fromkeys(frame["model"])
-             for measure in ("perplexity", "needle_accuracy") for domain in dict.fromkeys(frame["domain"])
+             for measure in ("perplexity", "perplexity_change", "needle_accuracy")
+             for domain in dict.fromkeys(frame["domain"])
              if ((frame["model"] == model) & (frame["measure"] == measure) & (frame["domain"] == domain)).any()]
+    styles = {method: {"color": f"C{rank % 10}", "marker": "os^vD"[rank // 10 % 5]}  # one per method, every panel
+              for rank, method in enumerate(dict.fromkeys(frame["method"]))}
     fig, axes = panels(plt, len(shown))
     for ax, (model, measure, domain) in zip(axes, shown):
-        part = frame[(frame["model"] == model) & (frame["measure"] == measure) & (frame["domain"] == domain)]
-        for method, cells in part.groupby("method", sort=False):
-            cells = cells.sort_values("context_length")
-            ax.plot(cells["context_length"], cells["value"], marker="o", label=method)
-        lengths = sorted(set(part["context_length"].astype(int)))
+        part = frame[(frame["model"] == model) & (frame["domain"] == domain)]
+        if measure == "perplexity_change":
+            _plot_changes(ax, part, styles)
+        else:
+            for method, cells in part[part["measure"] == measure].groupby("method", sort=False):
+                cells = cells.sort_values("context_length")
+                ax.plot(cells["context_length"], cells["value"], **styles[method], label=method)
+            ax.set_ylabel(measure.replace("_", " "))
+        lengths = sorted(set(part[part["measure"] == measure]["context_length"].astype(int)))
         ax.set_xscale("log", base=2)
         ax.set_xticks(lengths, [str(length) for length in lengths])
         ax.minorticks_off()
         ax.set_xlabel("context length (tokens)")
-        ax.set_ylabel(measure.replace("_", " "))
-        ax.set_title(f"{model}: " + (f"long passages ({domain})" if measure == "perplexity"
-                                     else f"pass-key retrieval ({domain})" if domain else "pass-key retrieval"))
+        ax.set_title(f"{model}: " + ({"perplexity": f"long passages ({domain})",
+                                     "perplexity_change": f"change from pretrained ({domain})"}.get(measure)
+                                    or (f"pass-key retrieval ({domain})" if domain else "pass-key retrieval")))
         ax.legend(fontsize=7)
     save_figure(fig, figure)
+
+
+def _plot_changes(ax, part: pd.DataFrame, styles: dict[str, dict]) -> None:
+    """Each method's perplexity change from pretrained in percent against context length, error bars the interval;
+    methods side by side, so that equal changes do not hide each other."""
+    changes = part[part["measure"].str.startswith("perplexity_change")].pivot_table(
+        index=["method", "context_length"], columns="measure", values="value", sort=False)
+    methods = list(dict.fromkeys(changes.index.get_level_values("method")))
+    for rank, method in enumerate(methods):
+        cells = changes.loc[method].sort_index()
+        nudge = 1 + 0.03 * (rank - (len(methods) - 1) / 2)
+        value = 100 * cells["perplexity_change"]
+        bounds = [value - 100 * cells.get("perplexity_change_low", cells["perplexity_change"]),
+                  100 * cells.get("perplexity_change_high", cells["perplexity_change"]) - value]
+        ax.errorbar(cells.index * nudge, value, yerr=bounds, capsize=3, **styles[method], label=method)
+    ax.axhline(0, color="grey", linewidth=0.8)
+    ax.set_ylabel("perplexity change from pretrained (%)")
 
 
 def plot_ruler(frame: pd.DataFrame, figure: str | Path) -> None:
