@@ -94,3 +94,25 @@ def test_the_figure_draws_each_change_with_its_interval(tmp_path, monkeypatch):
     colour = {line.get_label(): line.get_color() for line in axes[0].get_lines()}["focus-hard"]
     assert bars.lines[0].get_color() == colour
     plt.close(figures[0])
+
+
+def test_the_figure_redrawn_from_its_csv_keeps_the_pass_key(tmp_path, monkeypatch):
+    """A figure re-drawn from a committed long_context.csv has every panel the pipeline drew from the table in memory:
+    the pass-key's empty corpus comes back from the CSV as NaN."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from focus.report import evaluation
+
+    records = [record(tmp_path, method, 1024, [3.0, 3.1]) for method in ("pretrained", "focus-hard")]
+    needle = tmp_path / "needle.json"
+    needle.write_text(json.dumps({"model": "m", "method": "pretrained", "trials": [
+        {"length": 1024, "correct": True, "key_logprob": -1.0}]}))
+    frame = long_context_frame(records, [needle])
+    frame.to_csv(tmp_path / "long_context.csv", index=False)
+    titles = []
+    monkeypatch.setattr(evaluation, "save_figure", lambda fig, path: (
+        titles.append([ax.get_title() for ax in fig.axes if ax.has_data()]), plt.close(fig)))
+    evaluation.plot_long_context(frame, tmp_path / "memory.png")
+    evaluation.plot_long_context(pd.read_csv(tmp_path / "long_context.csv"), tmp_path / "csv.png")
+    assert titles[0] == titles[1] and "m: pass-key retrieval" in titles[1], titles

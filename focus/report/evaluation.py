@@ -289,7 +289,9 @@ def plot_long_context(frame: pd.DataFrame, figure: str | Path) -> None:
     the paired 95% interval over the windows (a panel per corpus, where the table has it), and needle accuracy against
     prompt length."""
     plt = pyplot()
-
+    # The pass-key has no corpus: "" in memory, NaN once the table went through a CSV (or absent, before tables had
+    # the column), and NaN equals nothing, which would drop its panels from a figure re-drawn from a committed table.
+    frame = frame.assign(domain=frame["domain"].fillna("") if "domain" in frame else "")
     shown = [(model, measure, domain) for model in dict.fromkeys(frame["model"])
              for measure in ("perplexity", "perplexity_change", "needle_accuracy")
              for domain in dict.fromkeys(frame["domain"])
