@@ -259,6 +259,26 @@ def test_crash_then_resume_then_finished_run_is_a_noop(tmp_path):
         assert torch.equal(training_state(model)[name], value), name
 
 
+def test_the_training_time_counts_the_steps_before_a_resume(tmp_path):
+    """`time/train_seconds` is the run's wall time: a resumed run adds the seconds its checkpoint recorded, so a table
+    of training times does not book a killed and resumed training as only its last part."""
+    out, data = tmp_path / "run", pattern_data()
+
+    def crash(record):
+        if record["step"] == 10:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train_parameters(resume_model(), data, RESUME_CONFIG, out, eval_data=data[:5], progress=False, on_log=crash)
+    state = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert 0 < state["seconds"] < 60
+    state["seconds"] = 1000.0  # as if the first part had run for a quarter of an hour
+    torch.save(state, out / "checkpoint.pt")
+    final = train_parameters(resume_model(), data, RESUME_CONFIG, out, eval_data=data[:5], progress=False)
+    assert 1000.0 < final["time/train_seconds"] < 1060.0
+    assert json.loads((out / "metrics.jsonl").read_text().splitlines()[-1]) == final
+
+
 def test_resume_restores_the_global_rngs(tmp_path):
     """An objective term drawing from torch, random and numpy continues the same streams after a resume."""
 

@@ -247,7 +247,8 @@ class TrainingJob:
             "broad": {"tokens": str(self.broad_tokens), "share": self.broad_share,
                       "teacher": term_weights is not None} if self.broad_share else None,
             "seq_len": rows.shape[1],
-            "seconds": round(seconds, 1),
+            # (the loop's time counts a killed run's steps up to its checkpoint; a final record older than that: ours)
+            "seconds": final.get("time/train_seconds", round(seconds, 1)),
             "resumed": resumed,
             "processes": rank_and_world()[1],
         }

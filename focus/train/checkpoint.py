@@ -125,6 +125,7 @@ def save_checkpoint(
     fingerprint: str,
     final_metrics: dict[str, Any] | None,
     focus: dict[str, Any] | None = None,
+    seconds: float = 0.0,
 ) -> None:
     """Write the full resume state to `path` atomically: a reader sees the old file or the new one.
 
@@ -148,6 +149,7 @@ def save_checkpoint(
             "data_sha256": fingerprint,
             "focus_config": focus,
             "final_metrics": final_metrics,
+            "seconds": seconds,  # training wall time up to this step, resumes included
         }
         atomic_write(path, lambda tmp: _save(state, tmp))
     barrier()

@@ -167,7 +167,8 @@ def train_parameters(
         train line), `train/lr` (used by this step), `train/grad_norm` (before clipping of this step),
         `train/tokens` (step * batch_size * L), `time/step_seconds` (wall time per step since the
         previous train line), plus `train/<term>_loss` per objective term and `eval/loss`, `eval/ppl` where they
-        apply. With `config.steps` 0, `step` 0 and the eval keys where there is eval data: nothing is optimized.
+        apply, and `time/train_seconds` (the run's wall time, the part before each resume up to its checkpoint
+        included). With `config.steps` 0, `step` 0 and the eval keys where there is eval data: nothing is optimized.
     Raises:
         ValueError: no trainable parameters, malformed data, or a batch_size that the processes cannot share
             equally; nothing is written.
@@ -183,6 +184,8 @@ def train_parameters(
              if checkpoint.exists() else None)
     barrier()  # every process has read the checkpoint before process 0 changes output_dir
     model.eval()
+    # Training time across resumes: a killed run's seconds up to its checkpoint count, the steps it redoes once.
+    seconds_before = 0.0 if state is None else state.get("seconds", 0.0)
     if state is None:
         start_step, window = 0, LogWindow()
         torch.manual_seed(config.seed)
@@ -206,10 +209,15 @@ def train_parameters(
     bar = tqdm(total=config.steps, initial=start_step, desc="train", disable=not (progress and rank == 0), dynamic_ncols=True)
     metrics_file = open(output_dir / METRICS_NAME, "a", encoding="utf-8") if rank == 0 else None
 
+    started = time.perf_counter()
+
+    def seconds() -> float:
+        return round(seconds_before + time.perf_counter() - started, 1)
+
     def save(step: int, final_metrics: dict[str, Any] | None) -> None:
         save_checkpoint(checkpoint, step=step, trainable=run.trainable, buffers=run.buffers, optimizer=run.optimizer,
                         scheduler=run.scheduler, window=window, config=config, fingerprint=run.fingerprint,
-                        focus=run.focus, final_metrics=final_metrics)
+                        focus=run.focus, final_metrics=final_metrics, seconds=seconds())
 
     try:
         tic = time.perf_counter()
@@ -232,6 +240,8 @@ def train_parameters(
             is_eval_step = config.eval_every > 0 and step % config.eval_every == 0
             if eval_data is not None and (is_eval_step or step == config.steps):
                 record.update(_eval_record(model, eval_data, config))
+            if step == config.steps:
+                record["time/train_seconds"] = seconds()
             _log_line(metrics_file, record, on_log)
             # The line of a step is written before its checkpoint: lines past a checkpoint's step are
             # exactly the ones a resume from it must drop.
