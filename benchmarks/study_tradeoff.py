@@ -3,8 +3,8 @@ WikiText-2, from the committed tables (issue 27).
 
     .venv/bin/python benchmarks/study_tradeoff.py
 
-Reads benchmarks/results/study_part{1..4}.csv (the study rule's tables: books validation, WikiText-2 test, pass-key of
-12 trials at 1K and 2K), forgetting_screen_validation.csv (books and WikiText-2 validation, pass-key at 1K-4K),
+Reads benchmarks/results/study/tables/study.csv (configs/study.yaml's snapshot, parts 1-4: books validation, WikiText-2
+test, pass-key of 12 trials at 1K and 2K), forgetting_screen_validation.csv (books and WikiText-2 validation, pass-key at 1K-4K),
 no_worse_validation.csv and no_worse_screen{2,3,4}_validation.csv (issue 44: the held-out novel and WikiText-2
 validation, centroids trained on five novels; screen4: the routing's shape and the teacher's share),
 oracle_floor/tables/recall_screen_perplexity.csv (the oracle at fixed shares of the distant pairs, the same splits:
@@ -31,14 +31,8 @@ def main() -> None:
     args = parser.parse_args()
     results = Path(args.results)
 
-    points = []
-    for part in range(1, 5):
-        path = results / f"study_part{part}.csv"
-        if path.exists():
-            found = tradeoff_points(pd.read_csv(path), "books", "wikitext2")
-            found["design"] = f"part {part}: " + found["design"]
-            points.append(found)
-    points = pd.concat(points).drop_duplicates(subset=["domain_change", "other_change"])
+    points = tradeoff_points(pd.read_csv(results / "study" / "tables" / "study.csv"), "books", "wikitext2")
+    points["design"] = "parts 1-4: " + points["design"]
     screen = results / "forgetting_screen_validation.csv"
     if screen.exists():
         rows = pd.read_csv(screen)
