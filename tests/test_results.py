@@ -18,8 +18,7 @@ LEGACY = {
     "forgetting_screen_validation.md", "no_worse_lengths_validation.md",
     "no_worse_screen2_validation.md", "no_worse_screen3_validation.md", "no_worse_screen4_validation.md",
     "no_worse_top1_validation.md", "no_worse_validation.md", "ruler_screen_no_worse.md",
-    "ruler_screen_peers.md", "ruler_screen_peers_4k.md", "ruler_screen_screen.md", "study_part1.md",
-    "study_part2.md", "study_part3.md", "study_part4.md",
+    "ruler_screen_peers.md", "ruler_screen_peers_4k.md", "ruler_screen_screen.md",
 }
 """Cited tables without the provenance line, 54 of 66 at the start; eight speed tables left when the docs came to quote
 the speed profile's snapshot (benchmarks/results/speed/), part 4's oracle test when configs/study.yaml took it on,
@@ -27,7 +26,8 @@ the oracle floor's when its profile re-made every row, the two routing screens' 
 (configs/routing_designs.yaml and routing_shapes.yaml), FlexAttention's when the speed profile's microbenchmark
 re-made it, part 5's and part 6's test reports when configs/forgetting_test.yaml and no_worse_test.yaml did, the peers'
 pass-key when configs/peers_test.yaml did, its three perplexity tables (the lower budget, 2K on every text) when
-that profile grew to them, and part 6's per-length table when configs/no_worse_lengths_test.yaml re-made it. Their
+that profile grew to them, part 6's per-length table when configs/no_worse_lengths_test.yaml re-made it, and the
+design study's four part tables when one run of configs/study.yaml re-made every design. Their
 text says the machine; `git log` the commit they came with."""
 
 
@@ -164,6 +164,17 @@ def test_the_forgetting_report_quotes_its_snapshot():
     quoted, missing = unquoted(text[start:text.index("\n\n", start)],
                                [RESULTS / "forgetting_test" / "tables" / "study.csv"], percent=True)
     assert len(quoted) == 9 and not missing, missing
+
+
+def test_the_design_study_quotes_its_snapshot():
+    """docs/study.md's answer table and parts 1-4 (configs/study.yaml): each perplexity, change, bound, share kept and
+    NMI is a value of the snapshot's study table or its oracle test (changes and shares in percent); the answer
+    table's part-5 row, of configs/forgetting_test.yaml's."""
+    text = (ROOT / "docs" / "study.md").read_text()
+    tables = [RESULTS / "study" / "tables" / name for name in ("study.csv", "recall_screen_perplexity.csv")]
+    quoted, missing = unquoted(text[:text.index("**Part 5")], [*tables, RESULTS / "forgetting_test" / "tables" /
+                                                                "study.csv"], percent=True)
+    assert len(quoted) > 150 and not missing, missing
 
 
 def test_the_peers_page_quotes_its_snapshot():
