@@ -287,6 +287,9 @@ if RECALL:
     if screen_scores_perplexity(RECALL["ppl_shares"], RECALL["ppl_keys"], RECALL["ppl_routers"]):
         TABLES.update(recall_screen_perplexity=f"{R}/tables/recall_screen_perplexity.csv")
     FIGURES.update(recall_screen=f"{R}/figures/recall_screen.png")
+    # (per layer: registered, so that a snapshot and the provenance cover them as the notebook reads them)
+    TABLES.update(recall_screen_layers=f"{R}/tables/recall_screen_layers.csv")
+    FIGURES.update(recall_screen_layers=f"{R}/figures/recall_screen_layers.png")
 
 
 def recall_routers():

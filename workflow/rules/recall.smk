@@ -16,13 +16,13 @@ if RECALL:
         output:
             csv=report(TABLES["recall_screen"], caption="../report/recall_screen.rst", category="Routers"),
             md=TABLES["recall_screen"].replace(".csv", ".md"),
-            layers=TABLES["recall_screen"].replace(".csv", "_layers.csv"),
+            layers=TABLES["recall_screen_layers"],
             provenance=TABLES["recall_screen"].replace(".csv", ".provenance.json"),
             figure=report(FIGURES["recall_screen"], caption="../report/recall_screen.rst", category="Routers"),
             figure_svg=FIGURES["recall_screen"].replace(".png", ".svg"),
-            figure_layers=report(FIGURES["recall_screen"].replace(".png", "_layers.png"),
-                                 caption="../report/recall_screen.rst", category="Routers"),
-            figure_layers_svg=FIGURES["recall_screen"].replace(".png", "_layers.svg"),
+            figure_layers=report(FIGURES["recall_screen_layers"], caption="../report/recall_screen.rst",
+                                 category="Routers"),
+            figure_layers_svg=FIGURES["recall_screen_layers"].replace(".png", ".svg"),
             **({"perplexity": TABLES["recall_screen_perplexity"]} if "recall_screen_perplexity" in TABLES else {}),
         log:
             f"{R}/logs/recall_screen.log",
