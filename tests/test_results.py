@@ -174,7 +174,7 @@ def test_the_design_study_quotes_its_snapshot():
     tables = [RESULTS / "study" / "tables" / name for name in ("study.csv", "recall_screen_perplexity.csv")]
     quoted, missing = unquoted(text[:text.index("**Part 5")], [*tables, RESULTS / "forgetting_test" / "tables" /
                                                                 "study.csv"], percent=True)
-    assert len(quoted) > 150 and not missing, missing
+    assert len(quoted) == 234 and not missing, missing  # (the answer table, parts 1-4's tables)
 
 
 def test_the_peers_page_quotes_its_snapshot():
