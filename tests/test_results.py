@@ -3,11 +3,13 @@ from in its first line (`focus.provenance.provenance_line`: commit, machine, tor
 except the tables made before tables named their commit, listed in LEGACY until a rule re-makes them (issue 55). The
 list only shrinks: a listed table that gains its line, or stops being cited, fails until it leaves the list."""
 
+import base64
 import json
 import re
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -198,20 +200,27 @@ def test_the_per_length_table_quotes_its_snapshot():
     assert len(quoted) == 5 * 16 - 2 and not missing, missing  # (no speed timed at 512)
 
 
-def test_the_notebook_runs_top_to_bottom_on_a_committed_snapshot(tmp_path):
-    """notebooks/results.ipynb reads a snapshot as it reads results/<profile>/: every table of the profile shown, its
-    provenance listed."""
+SNAPSHOTS = sorted(folder.name for folder in RESULTS.iterdir() if folder.is_dir())
+
+
+@pytest.mark.parametrize("profile", SNAPSHOTS)
+def test_the_notebook_runs_top_to_bottom_on_each_committed_snapshot(profile, tmp_path):
+    """notebooks/results.ipynb reads a snapshot as it reads results/<profile>/: every table of the profile shown, every
+    figure drawn, its provenance listed (3 s a snapshot here)."""
     import papermill  # (the notebook extra: installed with the tests)
 
-    executed = tmp_path / "results.ipynb"
+    snapshot, executed = RESULTS / profile, tmp_path / "results.ipynb"
     papermill.execute_notebook(str(ROOT / "notebooks" / "results.ipynb"), str(executed), cwd=str(ROOT),
-                               parameters={"results_dir": str(SNAPSHOT.relative_to(ROOT))}, kernel_name="python3",
+                               parameters={"results_dir": str(snapshot.relative_to(ROOT))}, kernel_name="python3",
                                progress_bar=False)
+    outputs = [output for cell in json.loads(executed.read_text())["cells"] for output in cell.get("outputs", [])]
     shown = "".join(text if isinstance(text, str) else "".join(text)
-                    for cell in json.loads(executed.read_text())["cells"] for output in cell.get("outputs", [])
-                    for text in [*output.get("data", {}).values(), output.get("text", "")])
-    tables = sorted(SNAPSHOT.rglob("*.md"))
-    unshown = [str(table.relative_to(SNAPSHOT)) for table in tables if table.read_text().strip().splitlines()[-1]
+                    for output in outputs for text in [*output.get("data", {}).values(), output.get("text", "")])
+    drawn = {output["data"]["image/png"].strip() for output in outputs if "image/png" in output.get("data", {})}
+    tables, figures = sorted(snapshot.rglob("*.md")), sorted(snapshot.rglob("*.png"))
+    unshown = [str(table.relative_to(snapshot)) for table in tables if table.read_text().strip().splitlines()[-1]
                not in shown]
-    assert len(tables) > 10 and not unshown, unshown
+    undrawn = [str(figure.relative_to(snapshot)) for figure in figures
+               if base64.b64encode(figure.read_bytes()).decode() not in drawn]
+    assert len(tables) >= 4 and len(figures) >= 3 and not unshown and not undrawn, (unshown, undrawn)
     assert "git_commit" in shown and "no claims table" not in shown

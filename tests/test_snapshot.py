@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from focus.pipeline.snapshot import SnapshotError, snapshot_results
-from focus.pipeline.stamp import STAMP
+from focus.pipeline.snapshot import SnapshotError, snapshot_inputs, snapshot_results
+from focus.pipeline.stamp import STAMP, profile_hash
 
 
 def made(results, name: str, stamped: bool = True, sidecar: bool = True):
@@ -52,3 +52,15 @@ def test_a_result_without_its_provenance_is_refused_and_the_old_snapshot_stays_w
     assert {path: path.read_bytes() for path in folder.rglob("*") if path.is_file()} == before
     assert sorted(path.name for path in tmp_path.iterdir()) == sorted(["results", "snap"] + (
         ["other"] if fault == "elsewhere" else []))  # no staging folder left behind
+
+
+def test_a_profile_may_leave_the_group_pages_out_of_its_snapshot_and_keeps_its_hash():
+    """`snapshot.interpret: false` drops what rule interpret made (and only that) from the snapshot's inputs; the
+    section is no setting of the results, so the profile's hash, which every sidecar names, stays the same."""
+    made = ["results/s/tables/study.csv", "results/s/interpret/smollm2/base/group_layers.csv",
+            "results/s/interpret/smollm2/base/group_examples.html", "results/s/figures/interpret_note.png"]
+    assert snapshot_inputs(made, "results/s") == made
+    assert snapshot_inputs(made, "results/s", interpret=False) == [made[0], made[3]]
+    profile = {"name": "s", "variants": {"base": {}}}
+    assert profile_hash({**profile, "snapshot": {"interpret": False}}) == profile_hash(profile)
+    assert profile_hash({**profile, "variants": {"other": {}}}) != profile_hash(profile)

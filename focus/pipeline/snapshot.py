@@ -17,6 +17,14 @@ from focus.pipeline.stamp import STAMP
 SIBLINGS = (".csv", ".md", ".png", ".svg", ".html", ".provenance.json")
 
 
+def snapshot_inputs(made: Iterable[str], results: str, interpret: bool = True) -> list[str]:
+    """What of `made` (a profile's tables, figures and pages, under `results`) its snapshot copies: everything, or,
+    with `interpret` False (the profile's `snapshot.interpret`), all but the group pages under `results`/interpret/
+    (megabytes per design, which the docs do not cite: the study's nine were 28 MB)."""
+    pages = f"{results}/interpret/"
+    return [str(path) for path in made if interpret or not str(path).startswith(pages)]
+
+
 class SnapshotError(ValueError):
     """A result that cannot join a snapshot (unmade, or without its provenance): nothing is copied."""
 

@@ -31,8 +31,9 @@ STAMPED = (".csv", ".md", ".png", ".svg", ".html")
 
 
 def profile_hash(profile: dict[str, Any]) -> str:
-    """12 hex digits of the resolved profile's SHA-256: two runs of the same settings share it."""
-    text = json.dumps(profile, sort_keys=True, default=str)
+    """12 hex digits of the resolved profile's SHA-256: two runs of the same settings share it. The `snapshot`
+    section is left out: it chooses what is copied, not what is made."""
+    text = json.dumps({key: value for key, value in profile.items() if key != "snapshot"}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 

@@ -12,6 +12,7 @@ from focus.eval.recall_report import screen_scores_perplexity
 from focus.pipeline.microbenchmarks import microbenchmark_script
 from focus.pipeline.profile import resolve_profile, training_rows, with_base
 from focus.pipeline.slurm import wait_for_earlier_jobs
+from focus.pipeline.snapshot import snapshot_inputs
 from focus.pipeline.stamp import PROFILE, PROFILE_FILE, profile_hash
 
 

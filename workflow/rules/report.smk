@@ -163,13 +163,11 @@ rule notebook:
 rule snapshot:
     """The profile's tables and figures, each with its provenance, copied into benchmarks/results/<profile>/ (run from
     the repository's root), where README and docs cite them: `snakemake snapshot --configfile <profile>`. Not part of
-    `all`: a snapshot is what a commit records."""
+    `all`: a snapshot is what a commit records; the profile's `snapshot.interpret: false` leaves the group pages out."""
     conda:
         ENVIRONMENT
     input:
-        *TABLES.values(),
-        *FIGURES.values(),
-        *PAGES.values(),
+        snapshot_inputs([*TABLES.values(), *FIGURES.values(), *PAGES.values()], R, **P.get("snapshot", {})),
     output:
         f"{R}/snapshot.json",
     log:
