@@ -24,6 +24,7 @@ import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 
 import torch
+from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from focus.adapter import load_focus
@@ -93,6 +94,8 @@ def screen_routers(
         `routing_recall` / ppl, vs_pretrained, low, high.
     """
     found, layers, scored = [], [], []
+    # (a screen to 8K runs for hours on a CPU: the log says which corpus, length and router it is at)
+    progress = tqdm(total=len(corpora) * len(lengths) * len(routers), desc="recall screen", unit="router")
     for corpus, ids in corpora.items():
         for length in lengths:
             count = rows if isinstance(rows, int) else rows[length]
@@ -103,6 +106,7 @@ def screen_routers(
             ppl_block = _rows(ids, length, ppl_rows) if ppl_budgets or ppl_routers else None  # (a pattern: none)
             pretrained = None
             for name, spec in routers.items():
+                progress.set_postfix_str(f"{corpus} {length} {name}")
                 kind = build_router(model, spec, window, calibration)
                 try:
                     result = routing_recall(model, block, kind, budgets, last_queries=last_queries if long else None)
@@ -121,6 +125,7 @@ def screen_routers(
                                    _perplexities(model, where, ppl_block, ppl_budgets, pretrained, keys=long))
                 finally:
                     remove_focus(model)
+                progress.update()
             if ppl_block is not None and ppl_oracle and ppl_shares and not long:
                 apply_focus(model, FocusConfig(window=window), calibration_ids=calibration)
                 try:
@@ -131,6 +136,7 @@ def screen_routers(
                     remove_focus(model)
             if report is not None:
                 report(found, layers, scored)
+    progress.close()
     return found, layers, scored
 
 
