@@ -127,6 +127,8 @@ def test_minimal_run_writes_sane_artifacts(mini_run):
     assert not [out for out in outputs if out["output_type"] == "error"] and len(outputs) >= 5
     groups = next(cell for cell in executed["cells"] if cell.get("id") == "groups")
     assert "### tiny-qwen2 / focus" in "".join(groups["outputs"][0]["data"]["text/markdown"])
+    headings = "".join("".join(out.get("data", {}).get("text/markdown", "")) for out in outputs)
+    assert "### wandb/" not in headings and "### notebooks/" not in headings  # (W&B's copies of the figures)
 
 
 @pytest.mark.slow
