@@ -86,6 +86,17 @@ def provenance() -> dict:
     }
 
 
+def short_commit(commit: str) -> str:
+    """A commit as a line names it: 12 digits, and `-dirty` where the checkout had changes."""
+    return commit[:12] + ("-dirty" if commit.endswith("-dirty") else "")
+
+
+def machine_name() -> str:
+    """What computed here, in a few words: the GPU when there is one, else the CPU model."""
+    device = device_info()
+    return str(device.get("cuda_device", device["cpu"]))
+
+
 def provenance_line(command: str, commit: str | None = None) -> str:
     """One Markdown line saying where a table came from: the commit (`commit`, taken when the run started: the checkout
     may move on while it runs; default now), the machine, torch, the date and the command that re-makes it (put at the
@@ -94,10 +105,7 @@ def provenance_line(command: str, commit: str | None = None) -> str:
 
     import torch
 
-    device = device_info()
-    where = device.get("cuda_device", device["cpu"])
+    where = machine_name()
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
-    commit = commit or git_commit()
-    commit = commit[:12] + ("-dirty" if commit.endswith("-dirty") else "")
-    return (f"*Made at commit {commit} on {where}, torch {torch.__version__}, {date}; re-make: "
+    return (f"*Made at commit {short_commit(commit or git_commit())} on {where}, torch {torch.__version__}, {date}; re-make: "
             f"`{command}`.*")

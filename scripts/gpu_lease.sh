@@ -114,7 +114,7 @@ run() {
   # The jobs that compute (not the tables, figures, report and notebook: those run here after `unpack`), several at
   # once on the one GPU (its memory holds them; each job sees cuda:0).
   timeout "$limit" python3 -m snakemake --cores "$(nproc)" --resources gpu="${GPU_SLOTS:-4}" --scheduler greedy \
-    --configfile "$PROFILE" --until tokenize train_focus perplexity peer recall_screen bench_attention bench_decode \
+    --configfile "$PROFILE" --until tokenize train_focus perplexity peer recall_screen_cell bench_attention bench_decode \
     --keep-going ${SNAKEMAKE_EXTRA:-} 2>&1 | grep -v "it/s\]" | tee "${OUT:-/tmp}/lease.log"
   local status=${PIPESTATUS[0]}
   set -e

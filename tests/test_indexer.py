@@ -283,6 +283,40 @@ def test_the_screen_stage_writes_its_tables_figures_and_provenance(tmp_path):
     assert list(zip(scored["router"], scored["budget_kind"])) == [("groups", "pattern"), ("oracle", "pattern")]
 
 
+def test_the_screen_cells_one_a_job_gather_into_the_tables_one_process_writes(tmp_path):
+    """Rule recall_screen_cell measures one corpus and length a job (a screen of hours resumes where it stopped) and
+    rule recall_screen gathers them: the same rows as the whole screen in one process, whichever cell ran first."""
+    import pandas as pd
+    from safetensors.torch import save_file
+
+    from focus.pipeline.screens import gather_recall_screen, recall_screen, recall_screen_cell
+
+    ids = torch.randint(3, 128, (4096,), generator=torch.Generator().manual_seed(1), dtype=torch.int32)
+    tokens = {"a": tmp_path / "a.safetensors", "b": tmp_path / "b.safetensors"}
+    save_file({"train": ids, "validation": ids.flip(0)}, str(tokens["a"]))
+    save_file({"train": ids.flip(0), "validation": ids}, str(tokens["b"]))
+    routers = {"loki": "indexer:4:kv_head", "groups": "centroids"}
+    settings = dict(seq_len=32, calibration_rows=2, window=8, split="validation", rows=2, shares=[0.2, 0.5], keys=[8],
+                    last_queries=16, ppl_shares=[0.5], ppl_rows=2, ppl_routers=["loki"])
+    whole = tmp_path / "whole" / "recall_screen"
+    recall_screen("tiny:llama", "float32", routers, tokens, tokens["a"], lengths=[32, 64], stem=whole,
+                  command="snakemake", **settings)
+    cells = {(corpus, length): tmp_path / "cells" / corpus / f"{length}.json" for corpus in tokens for length in (32, 64)}
+    for (corpus, length), out in reversed(cells.items()):
+        recall_screen_cell("tiny:llama", "float32", routers, corpus, tokens[corpus], tokens["a"], length=length,
+                           out=out, **settings)
+    gathered = tmp_path / "gathered" / "recall_screen"
+    gather_recall_screen(list(cells.values()), "tiny:llama", "float32", stem=gathered, command="snakemake",
+                         **{key: settings[key] for key in ("window", "split", "rows", "last_queries", "ppl_shares",
+                                                            "ppl_routers")})
+    for suffix in (".csv", "_layers.csv", "_perplexity.csv"):
+        expected = pd.read_csv(whole.parent / f"recall_screen{suffix}")
+        pd.testing.assert_frame_equal(pd.read_csv(gathered.parent / f"recall_screen{suffix}"), expected)
+    assert set(pd.read_csv(whole.with_suffix(".csv"))["corpus"]) == {"a", "b"}
+    header = gathered.with_suffix(".md").read_text().split("\n\n")[1]
+    assert "Measured at commit " in header and "(a 32" not in header  # (one commit and machine: no list of cells)
+
+
 def test_the_screen_scores_perplexity_at_a_count_of_keys_from_its_long_lengths():
     """From `long_from` the screen's perplexity is at counts of keys per query (the routers' own, set through
     `budget_keys`), not the oracle's; below it at shares, the oracle's too. Each budget a different perplexity."""

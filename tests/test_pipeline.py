@@ -97,6 +97,7 @@ def test_the_screen_profiles_dry_run_their_designs(tmp_path):
     assert all(re.search(r"\bgpu=1\b", block) for block in trainings)
     counts = job_counts(snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "routers.yaml"), "-n").stdout)
     assert counts["train_focus"] == 2 and counts["recall_screen"] == 1 and counts["claims"] == 1
+    assert counts["recall_screen_cell"] == 3 * 3  # a job per corpus and length: the screen resumes where it stopped
     counts = job_counts(snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "oracle_floor.yaml"), "-n").stdout)
     assert counts["train_focus"] == 1 and counts["recall_screen"] == 1 and counts["perplexity"] == 3 * 3
     # The routing screens without training: five designs, five shapes, each a job of 0 steps, each screened.
@@ -107,7 +108,7 @@ def test_the_screen_profiles_dry_run_their_designs(tmp_path):
     result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "gpu.yaml"), "-n")
     counts = job_counts(result.stdout)
     assert counts["train_focus"] == 2 and counts["recall_screen"] == 1 and counts["bench_decode"] == 1
-    assert_one_gpu_each(result.stdout, "train_focus", "perplexity", "peer", "recall_screen", "bench_attention",
+    assert_one_gpu_each(result.stdout, "train_focus", "perplexity", "peer", "recall_screen_cell", "bench_attention",
                         "bench_decode")
     # The peers at two budgets: 7 selectors beside three routers (two trained), hard, to RULER at 4K (GPU-sized).
     result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "peers.yaml"), "-n")

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from focus.files import write_json, write_text
-from focus.provenance import cpu_flags, cpu_name, git_commit, package_versions
+from focus.provenance import cpu_flags, cpu_name, git_commit, package_versions, short_commit
 from focus.version import __version__
 
 PROFILE = "FOCUS_PROFILE"
@@ -54,7 +54,7 @@ def stamp_outputs(outputs: Iterable[str | Path], rule: str | None = None) -> dic
     record = {"git_commit": commit, "rule": rule, "profile": profile, "machine": machine,
               "packages": package_versions(), "focus_version": __version__, "date": date, "command": command}
     made_by = f" by rule `{rule}`" if rule else ""
-    line = (f"{STAMP}{commit[:12]}{'-dirty' if commit.endswith('-dirty') else ''}{made_by} for profile {profile} on "
+    line = (f"{STAMP}{short_commit(commit)}{made_by} for profile {profile} on "
             f"{machine['gpu'] or machine['cpu']}, {date}; re-make: `{command}`.*")
     for path in files:
         if path.suffix != ".md":

@@ -2,17 +2,51 @@
 
 
 if RECALL:
+    RECALL_WINDOW = next(iter(P["models"][RECALL["model"]]["variants"].values()))["window"]
 
-    rule recall_screen:
-        """Each router's distant attention mass kept at each budget beside the oracle's: table, per-layer table and
-        figure. No training: untrained routers are built here, `variant:NAME` routers are that variant's adapter."""
+    def recall_settings(*keys):
+        return {key: RECALL[key] for key in keys}
+
+
+    rule recall_screen_cell:
+        """One corpus and length of the screen: each router's distant attention mass kept at each budget beside the
+        oracle's, and their perplexity where asked. A job each, so that a screen of hours resumes where it stopped
+        and a cluster runs the cells side by side. No training: untrained routers are built here, `variant:NAME`
+        routers are that variant's adapter."""
         conda:
             ENVIRONMENT
         input:
-            tokens=[tokens_file(RECALL["model"], domain) for domain in RECALL["domains"]],
+            tokens=lambda wildcards: tokens_file(RECALL["model"], wildcards.domain),
             train_tokens=tokens_file(RECALL["model"], P["train"]["domain"]),
             adapters=[f"{train_folder(RECALL['model'], spec.removeprefix('variant:'))}/adapter"
                       for spec in RECALL["routers"].values() if spec.startswith("variant:")],
+        output:
+            f"{R}/recall_screen/{{domain}}/{{length}}.json",
+        wildcard_constraints:
+            length=r"\d+",
+        log:
+            f"{R}/logs/recall_screen/{{domain}}/{{length}}.log",
+        params:
+            source=P["models"][RECALL["model"]]["source"],
+            dtype=P["models"][RECALL["model"]]["dtype"],
+            routers=recall_routers(),
+            settings={"seq_len": P["train"]["seq_len"], "calibration_rows": P["train"].get("calibration_rows", 8),
+                      "window": RECALL_WINDOW, **recall_settings("split", "rows", "shares", "keys", "last_queries",
+                                                                 "ppl_shares", "ppl_keys", "ppl_rows", "ppl_routers")},
+        threads: 2
+        resources:
+            gpu=one_gpu_if_any(P["models"][RECALL["model"]]["eval_gpus"]),  # one process
+        script:
+            "../scripts/recall_screen_cell.py"
+
+
+    rule recall_screen:
+        """The screen's cells gathered: table, per-layer table, perplexity table and figures."""
+        conda:
+            ENVIRONMENT
+        input:
+            cells=expand(f"{R}/recall_screen/{{domain}}/{{length}}.json", domain=RECALL["domains"],
+                         length=RECALL["lengths"]),
         output:
             csv=report(TABLES["recall_screen"], caption="../report/recall_screen.rst", category="Routers"),
             md=TABLES["recall_screen"].replace(".csv", ".md"),
@@ -29,14 +63,8 @@ if RECALL:
         params:
             source=P["models"][RECALL["model"]]["source"],
             dtype=P["models"][RECALL["model"]]["dtype"],
-            domains=RECALL["domains"],
-            routers=recall_routers(),
-            settings={"seq_len": P["train"]["seq_len"], "calibration_rows": P["train"].get("calibration_rows", 8),
-                      "window": next(iter(P["models"][RECALL["model"]]["variants"].values()))["window"],
-                      **{key: RECALL[key] for key in ("split", "lengths", "rows", "shares", "keys", "last_queries", "ppl_shares",
-                                                "ppl_keys", "ppl_rows", "ppl_routers")}},
-        threads: 2  # one long job, most of it alone after the trainings
-        resources:
-            gpu=one_gpu_if_any(P["models"][RECALL["model"]]["eval_gpus"]),  # one process
+            settings={"window": RECALL_WINDOW, **recall_settings("split", "rows", "last_queries", "ppl_shares",
+                                                                 "ppl_keys", "ppl_routers")},
+        threads: 1
         script:
             "../scripts/recall_screen.py"
