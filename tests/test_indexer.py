@@ -301,7 +301,8 @@ def test_the_screen_cells_one_a_job_gather_into_the_tables_one_process_writes(tm
     whole = tmp_path / "whole" / "recall_screen"
     recall_screen("tiny:llama", "float32", routers, tokens, tokens["a"], lengths=[32, 64], stem=whole,
                   command="snakemake", **settings)
-    cells = {(corpus, length): tmp_path / "cells" / corpus / f"{length}.json" for corpus in tokens for length in (32, 64)}
+    cells = {(corpus, length): tmp_path / "cells" / corpus / f"{length}.json"
+             for corpus in tokens for length in (32, 64)}
     for (corpus, length), out in reversed(cells.items()):
         recall_screen_cell("tiny:llama", "float32", routers, corpus, tokens[corpus], tokens["a"], length=length,
                            out=out, **settings)

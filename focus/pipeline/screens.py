@@ -76,7 +76,8 @@ def write_recall_screen(cells: Sequence[dict], source: str, dtype: str, window: 
     for cell in cells:
         where.setdefault(f"commit {short_commit(cell['commit'])} on {cell['machine']}", []).append(
             f"{cell['corpus']} {cell['length']}")
-    measured = "; ".join(place if len(where) == 1 else f"{place} ({', '.join(names)})" for place, names in where.items())
+    measured = "; ".join(place if len(where) == 1 else f"{place} ({', '.join(names)})"
+                         for place, names in where.items())
     header = (f"{source}, {dtype}, {split} split, window {window}. Per router and budget: recall = the distant "
               "attention mass kept / the distant mass (beyond the window, sinks excluded), oracle_recall = the "
               "heaviest distant keys' mass at the same count per query, of_oracle = their ratio, kept = the share of "
