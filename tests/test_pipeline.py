@@ -84,7 +84,7 @@ def test_tiny_profile_on_the_slurm_executor_asks_for_no_gpu(tmp_path):
 
 def test_the_screen_profiles_dry_run_their_designs(tmp_path):
     """The no-worse screen: its 16 designs trained on one GPU each and studied; the router screen: two trainings of the
-    indexer (512- and 2K-token rows) and its recall screen with perplexity; the oracle floor: one design trained,
+    indexer (512- and 2K-token rows) and its recall screen with perplexity, and its test report; the oracle floor: one design trained,
     scored, and screened beside the oracle; the routing screens: five untrained designs each, screened; the GPU
     profile: the router screen and the speed rows on one GPU; the peers: seven training-free selectors beside the
     chosen design, its top-1 training and its adapter at top-1, on one GPU each, and without RULER on the CPU; the
@@ -98,6 +98,9 @@ def test_the_screen_profiles_dry_run_their_designs(tmp_path):
     counts = job_counts(snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "routers.yaml"), "-n").stdout)
     assert counts["train_focus"] == 2 and counts["recall_screen"] == 1 and counts["claims"] == 1
     assert counts["recall_screen_cell"] == 3 * 3  # a job per corpus and length: the screen resumes where it stopped
+    # Its test report: the chosen indexer trained once more, scored at 512 and its cells at four lengths on test.
+    counts = job_counts(snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "routers_test.yaml"), "-n").stdout)
+    assert counts["train_focus"] == 1 and counts["recall_screen_cell"] == 3 * 4 and counts["perplexity"] == 3 * 3
     counts = job_counts(snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "oracle_floor.yaml"), "-n").stdout)
     assert counts["train_focus"] == 1 and counts["recall_screen"] == 1 and counts["perplexity"] == 3 * 3
     # The routing screens without training: five designs, five shapes, each a job of 0 steps, each screened.
