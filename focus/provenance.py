@@ -107,5 +107,5 @@ def provenance_line(command: str, commit: str | None = None) -> str:
 
     where = machine_name()
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
-    return (f"*Made at commit {short_commit(commit or git_commit())} on {where}, torch {torch.__version__}, {date}; re-make: "
-            f"`{command}`.*")
+    return (f"*Made at commit {short_commit(commit or git_commit())} on {where}, torch {torch.__version__}, {date}; "
+            f"re-make: `{command}`.*")
