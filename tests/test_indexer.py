@@ -338,6 +338,25 @@ def test_the_screen_cells_one_a_job_gather_into_the_tables_one_process_writes(tm
     assert "Measured at commit " in header and "(a 32" not in header  # (one commit and machine: no list of cells)
 
 
+def test_a_screen_given_tokens_for_perplexity_scores_as_many_rows_as_they_fill_at_each_length(tmp_path):
+    """`ppl_tokens` instead of `ppl_rows`: the short lengths are scored on more rows, never fewer than two."""
+    import pandas as pd
+    from safetensors.torch import save_file
+
+    from focus.pipeline.screens import recall_screen
+
+    ids = torch.randint(3, 128, (4096,), generator=torch.Generator().manual_seed(4), dtype=torch.int32)
+    tokens = tmp_path / "corpus.safetensors"
+    save_file({"train": ids, "validation": ids.flip(0)}, str(tokens))
+    stem = tmp_path / "recall_screen"
+    recall_screen("tiny:llama", "float32", {"loki": "indexer:4:kv_head"}, {"corpus": tokens}, tokens, seq_len=32,
+                  calibration_rows=2, window=8, split="validation", lengths=[32, 64, 128], rows=1, shares=[0.5],
+                  keys=[], last_queries=16, stem=stem, command="snakemake", ppl_shares=[0.5], ppl_tokens=160)
+    scored = pd.read_csv(tmp_path / "recall_screen_perplexity.csv")
+    rows = scored[scored["router"] == "loki"].set_index("length")["rows"].to_dict()
+    assert rows == {32: 5, 64: 2, 128: 2}
+
+
 def test_the_screen_scores_perplexity_at_a_count_of_keys_from_its_long_lengths():
     """From `long_from` the screen's perplexity is at counts of keys per query (the routers' own, set through
     `budget_keys`), not the oracle's; below it at shares, the oracle's too. Each budget a different perplexity."""

@@ -362,6 +362,11 @@ BAD = {
                                           "ppl_routers": ["loki"]}),
         "recall_screen.ppl_routers: 'loki' is not one of its routers ['q']",
     ),
+    "screen perplexity on rows and on tokens at once": (
+        lambda c: c.update(recall_screen={"domains": ["books"], "lengths": [512], "routers": {"q": "quest"},
+                                          "ppl_rows": 4, "ppl_tokens": 4096}),
+        "recall_screen: give ppl_rows (rows at every length) or ppl_tokens (tokens at every length), not both",
+    ),
     "screen router spec the screen cannot build": (
         lambda c: c.update(recall_screen={"domains": ["books"], "lengths": [512], "routers": {"x": "oracle"}}),
         "recall_screen.routers.x: 'oracle' does not match",

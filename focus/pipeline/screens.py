@@ -54,10 +54,12 @@ def gather_recall_screen(cells: Sequence[str | Path], source: str, dtype: str, w
 def measure_cell(model, calibration: torch.Tensor, routers: Mapping[str, str], ids: torch.Tensor, corpus: str,
                  length: int, window: int, split: str, rows: int, shares: Sequence[float], keys: Sequence[int],
                  last_queries: int, ppl_shares: Sequence[float] = (), ppl_keys: Sequence[int] = (), ppl_rows: int = 8,
-                 ppl_routers: Sequence[str] | None = None) -> dict:
-    """`screen_routers` at one corpus and length; the oracle's perplexity too on a validation split."""
+                 ppl_routers: Sequence[str] | None = None, ppl_tokens: int | None = None) -> dict:
+    """`screen_routers` at one corpus and length; the oracle's perplexity too on a validation split. Perplexity on
+    `ppl_rows` rows, or on as many as `ppl_tokens` fill at this length (at least 2)."""
     commit = git_commit()  # (taken first: the checkout may move on while the cell runs)
     torch.manual_seed(0)  # each cell as if alone, whichever ran before it in this process
+    ppl_rows = max(2, ppl_tokens // length) if ppl_tokens else ppl_rows
     found, layers, scored = screen_routers(model, routers, {corpus: ids}, [length], rows, shares, keys, window,
                                            calibration, last_queries=last_queries, ppl_shares=ppl_shares,
                                            ppl_keys=ppl_keys, ppl_rows=ppl_rows, ppl_oracle=split == "validation",

@@ -50,6 +50,9 @@ def recall_screen_dict(section: dict[str, Any], variants: dict[str, Any], models
     screen = {"model": next(iter(models)), "split": "validation", "rows": 4, "shares": [0.05, 0.1, 0.2, 0.3, 0.5],
               "keys": [256, 512, 1024, 2048], "last_queries": 1024, "ppl_shares": [], "ppl_keys": [], "ppl_rows": 8,
               "ppl_routers": None, **section}
+    if "ppl_rows" in section and "ppl_tokens" in section:
+        raise ConfigError("recall_screen: give ppl_rows (rows at every length) or ppl_tokens (tokens at every "
+                          "length), not both")
     if screen["model"] not in models:
         raise ConfigError(f"recall_screen.model: {screen['model']!r} is not one of this profile's models "
                           f"{sorted(models)}")

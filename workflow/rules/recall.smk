@@ -5,7 +5,9 @@ if RECALL:
     RECALL_WINDOW = next(iter(P["models"][RECALL["model"]]["variants"].values()))["window"]
 
     def recall_settings(*keys):
-        return {key: RECALL[key] for key in keys}
+        """The section's settings named, those it gives (ppl_tokens has no default: a profile without it keeps its
+        params, so its finished cells stay finished)."""
+        return {key: RECALL[key] for key in keys if key in RECALL}
 
 
     rule recall_screen_cell:
@@ -32,7 +34,8 @@ if RECALL:
             routers=recall_routers(),
             settings={"seq_len": P["train"]["seq_len"], "calibration_rows": P["train"].get("calibration_rows", 8),
                       "window": RECALL_WINDOW, **recall_settings("split", "rows", "shares", "keys", "last_queries",
-                                                                 "ppl_shares", "ppl_keys", "ppl_rows", "ppl_routers")},
+                                                                 "ppl_shares", "ppl_keys", "ppl_rows", "ppl_routers",
+                                                                 "ppl_tokens")},
         threads: 2
         resources:
             gpu=one_gpu_if_any(P["models"][RECALL["model"]]["eval_gpus"]),  # one process
