@@ -241,6 +241,34 @@ def test_the_screen_ranks_keys_only_as_far_as_its_budgets_keep_and_tallies_what_
     remove_focus(model)
 
 
+def test_routers_screened_in_one_pass_tally_what_each_screened_alone_tallies_and_leave_the_model_as_it_was():
+    """`routing_recalls` runs the model once per row for several routers (each layer takes each router's state in
+    turn): the same tallies, to the bit, as a pass per router; the Focus it ran under keeps its state dict."""
+    from focus.eval.recall_screen import router_state, routing_recalls
+    from focus.eval.router_screen import build_router
+
+    model = tiny_llama()
+    data = torch.randint(0, 128, (3, 48), generator=torch.Generator().manual_seed(5))
+    budgets = [0.1, 0.3, 5]
+    specs = {"loki": "indexer:4:kv_head", "groups": "centroids", "quest": "quest", "recent": "streaming"}
+    alone, states = {}, {}
+    for name, spec in specs.items():
+        kind = build_router(model, spec, 8, data)
+        alone[name] = routing_recall(model, data, kind, budgets)
+        states[name] = (kind, router_state(model))
+        remove_focus(model)
+    apply_focus(model, FocusConfig(window=8), init_centroids=False)
+    before = {key: value.clone() for key, value in model.state_dict().items()}
+    together = routing_recalls(model, data, states, budgets)
+    assert together == alone
+    after = model.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[key], before[key]) for key in before)
+    with pytest.raises(ValueError, match="another window or sinks"):
+        apply_focus(remove_focus(model), FocusConfig(window=16), init_centroids=False)
+        routing_recalls(model, data, states, budgets)
+    remove_focus(model)
+
+
 def test_a_long_calls_loss_is_the_mean_over_evenly_spaced_queries(monkeypatch):
     import focus.attention.routers.indexer as indexer
 

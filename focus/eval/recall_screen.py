@@ -17,11 +17,14 @@ The routers' scores of key j for query i (`ROUTERS`):
 - "quest": Quest's bound on the logits of the key's page of 16;
 - "streaming": recency.
 A unit router (groups, pages) is read at exactly the budget, the last unit cut, so within one unit of what it keeps.
+`routing_recalls` screens several routers in one forward pass per row: each layer takes each router's state
+(`router_state`) in turn, and the attention weights and the oracle's ranking are computed once for all.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -29,7 +32,7 @@ from transformers import PreTrainedModel
 
 from focus.attention.pattern.reference import local_pairs, model_allowed, unmodified_attention
 from focus.attention.routers.centroids import top_k_groups
-from focus.attention.routers.indexer import indexer_scores
+from focus.attention.routers.indexer import KEY_WEIGHTS, QUERY_WEIGHTS, indexer_scores
 from focus.attention.routers.routing import key_positions, route_call, routing_vectors, sink_keys
 from focus.attention.routers.selectors import QUEST_PAGE, page_extremes, quest_bound
 from focus.eval.diagnostics import _attending
@@ -39,6 +42,8 @@ from focus.retrofit import attention_modules, has_focus
 ROUTERS = ("indexer", "centroids", "quest", "streaming")
 _SCREEN = "focus_recall_screen"
 _STATE = "_focus_recall_screen"
+_ROUTER_STATE = ("focus_config", "focus_centroids", "focus_group_bias", QUERY_WEIGHTS, KEY_WEIGHTS, "focus_inv_freq")
+"""What a layer's router is made of (`focus.retrofit.apply_focus` sets them)."""
 
 
 def routing_recall(
@@ -66,27 +71,85 @@ def routing_recall(
     """
     if not has_focus(model):
         raise ValueError("routing_recall needs a model with Focus applied (its layers hold the router)")
-    if router not in ROUTERS:
-        raise ValueError(f"routing_recall: unknown router {router!r}; known: {list(ROUTERS)}")
+    return routing_recalls(model, rows, {router: (router, router_state(model))}, budgets, last_queries,
+                           query_chunk)[router]
+
+
+def router_state(model: PreTrainedModel) -> list[dict]:
+    """The router Focus's layers hold now, one dict per layer (its config, centroids, indexer weights): what
+    `routing_recalls` screens it by once `remove_focus` has taken it off and another router is on."""
+    return [{name: getattr(module, name) for name in _ROUTER_STATE if hasattr(module, name)}
+            for module in attention_modules(model)]
+
+
+def routing_recalls(
+    model: PreTrainedModel,
+    rows: torch.Tensor,
+    routers: Mapping[str, tuple[str, list[dict]]],
+    budgets: Sequence[float | int],
+    last_queries: int | None = None,
+    query_chunk: int = 512,
+) -> dict[str, dict]:
+    """`routing_recall` of several routers in one forward pass per row: {name: its result}. `routers`: {name: (one of
+    `ROUTERS`, its `router_state`)}, all of one window and one count of sinks, those of the Focus `model` holds (any
+    router: its layers carry the screen). The model's attention, the distant keys' weights and the oracle's ranking
+    are computed once for every router (at 8K most of a router's screen was its own forward pass)."""
+    if not has_focus(model):
+        raise ValueError("routing_recall needs a model with Focus applied (its layers hold the router)")
+    modules = attention_modules(model)
+    for name, (router, layers) in routers.items():
+        if router not in ROUTERS:
+            raise ValueError(f"routing_recall: unknown router {router!r}; known: {list(ROUTERS)}")
+        for module, state in zip(modules, layers):
+            if _distant_keys(state["focus_config"]) != _distant_keys(module.focus_config):
+                raise ValueError(f"routing_recalls: router {name!r} has another window or sinks than the model's "
+                                 f"Focus {_distant_keys(module.focus_config)}; screen it apart")
     for budget in budgets:
         if isinstance(budget, float) and not 0 < budget <= 1 or isinstance(budget, int) and budget < 1:
             raise ValueError(f"routing_recall: a budget is a share in (0, 1] or a count >= 1, got {budget!r}")
-    modules = attention_modules(model)
-    for module in modules:
-        setattr(module, _STATE, {"router": router, "budgets": list(budgets), "last": last_queries,
-                                 "chunk": query_chunk, "tally": 0})
+    for index, module in enumerate(modules):
+        own = {name: (router, layers[index]) for name, (router, layers) in routers.items()}  # (this layer's)
+        setattr(module, _STATE, {"routers": own,
+                                 "budgets": list(budgets), "last": last_queries, "chunk": query_chunk,
+                                 "tally": dict.fromkeys(routers, 0)})
     try:
         with torch.no_grad(), _attending(model, _SCREEN, _screen_attention):
             for row in rows:
                 model(input_ids=row[None].to(input_device(model)), use_cache=False)
-        tallies = [getattr(module, _STATE)["tally"] for module in modules]  # (K, budgets, 5) each
+        tallies = [getattr(module, _STATE)["tally"] for module in modules]  # {name: (K, budgets, 6)} each
     finally:
         for module in modules:
             delattr(module, _STATE)
+    return {name: _result(list(budgets), [tally[name] for tally in tallies]) for name in routers}
+
+
+def _result(budgets: list, tallies: list[torch.Tensor]) -> dict:
     total = sum(t.sum(dim=0) for t in tallies)
-    return {"budgets": list(budgets), "overall": [_shares(b) for b in total],
+    return {"budgets": budgets, "overall": [_shares(b) for b in total],
             "layers": [[_shares(b) for b in t.sum(dim=0)] for t in tallies],
             "heads": [[[_shares(b) for b in head] for head in t] for t in tallies]}
+
+
+def _distant_keys(config) -> tuple[int, int]:
+    """What makes a key distant: beyond the window, and not a sink."""
+    return config.window, config.sink_tokens
+
+
+@contextlib.contextmanager
+def _router_of(module: nn.Module, state: dict) -> Iterator[None]:
+    """`module` holds the router `state` (`router_state`'s entry for it) within the block, its own after: where its
+    own were (parameters, buffers, plain attributes) and as they were (a buffer stays out of a state dict it was out
+    of)."""
+    places = (module._parameters, module._buffers, module.__dict__)
+    own = [{name: place.pop(name) for name in _ROUTER_STATE if name in place} for place in places]
+    module.__dict__.update(state)  # (plain attributes: read, never saved)
+    try:
+        yield
+    finally:
+        for name in state:
+            module.__dict__.pop(name)
+        for place, values in zip(places, own):
+            place.update(values)
 
 
 def _shares(tally: torch.Tensor) -> dict[str, float]:
@@ -108,9 +171,8 @@ def _screen_attention(module: nn.Module, query, key, value, attention_mask, scal
     positions = key_positions(kwargs.get("position_ids"), k_len, key.device)
     valid = None if base_mask is None else base_mask.any(dim=-2)[:, 0]
     sinks = sink_keys(valid, k_len, config.sink_tokens, key.device) if config.sink_tokens else None
-    scorer = _scorer(module, state["router"], query, key, value, base_mask, positions, valid)
     first = 0 if state["last"] is None else max(q_len - state["last"], 0)
-    tally = torch.zeros(k_heads, len(state["budgets"]), 6, dtype=torch.float64)
+    tally = {name: torch.zeros(k_heads, len(state["budgets"]), 6, dtype=torch.float64) for name in state["routers"]}
     for start in range(first, q_len, state["chunk"]):
         stop = min(start + state["chunk"], q_len)
         rows = slice(start, stop)
@@ -133,18 +195,21 @@ def _screen_attention(module: nn.Module, query, key, value, attention_mask, scal
         # a sort of them all (an 8K row's screen 1.34x faster; ties, within a group or a page, fall in an order of
         # torch's choosing either way).
         top = max(1, _most_kept(needs))
-        order = scorer(rows).expand_as(weights).masked_fill(~distant, float("-inf")).topk(top, dim=-1).indices
-        by_router = on_distant.gather(-1, order).cumsum(dim=-1)  # mass of the n best keys by the router's score
-        by_weight = on_distant.topk(top, dim=-1).values.cumsum(dim=-1)
-        for i, need in enumerate(needs):
-            at = (need - 1).clamp_min(0)
-            some = need > 0
-            kept = by_router.gather(-1, at) * some
-            oracle = by_weight.gather(-1, at) * some
-            parts = [kept, oracle, on_distant.sum(dim=-1, keepdim=True), need.to(weights.dtype),
-                     count.to(weights.dtype), weights.sum(dim=-1, keepdim=True)]
-            tally[:, i] += torch.stack([_per_kv_head(p, k_heads) for p in parts], dim=-1)
-    state["tally"] = state["tally"] + tally
+        by_weight = on_distant.topk(top, dim=-1).values.cumsum(dim=-1)  # the oracle's: every router's ceiling
+        for name, (router, layer_state) in state["routers"].items():
+            with _router_of(module, layer_state):
+                scores = _scorer(module, router, query, key, value, base_mask, positions, valid)(rows)
+            order = scores.expand_as(weights).masked_fill(~distant, float("-inf")).topk(top, dim=-1).indices
+            by_router = on_distant.gather(-1, order).cumsum(dim=-1)  # mass of the n best keys by the router's score
+            for i, need in enumerate(needs):
+                at = (need - 1).clamp_min(0)
+                some = need > 0
+                kept = by_router.gather(-1, at) * some
+                oracle = by_weight.gather(-1, at) * some
+                parts = [kept, oracle, on_distant.sum(dim=-1, keepdim=True), need.to(weights.dtype),
+                         count.to(weights.dtype), weights.sum(dim=-1, keepdim=True)]
+                tally[name][:, i] += torch.stack([_per_kv_head(p, k_heads) for p in parts], dim=-1)
+    state["tally"] = {name: state["tally"][name] + tally[name] for name in tally}
     out = unmodified_attention(query, key, value, base_mask, scaling, dropout, softcap)
     return out.transpose(1, 2).contiguous(), None
 

@@ -32,7 +32,7 @@ from focus.config import FocusConfig
 from focus.eval.diagnostics import distant_attention_recall, oracle_selection
 from focus.eval.paired import paired_ratio
 from focus.eval.perplexity import row_losses
-from focus.eval.recall_screen import routing_recall
+from focus.eval.recall_screen import router_state, routing_recalls
 from focus.retrofit import apply_focus, focus_config, focus_disabled, remove_focus, set_focus_mode
 
 KINDS = ("indexer", "centroids", "quest", "streaming", "adapter")
@@ -95,7 +95,7 @@ def screen_routers(
     """
     found, layers, scored = [], [], []
     # (a screen to 8K runs for hours on a CPU: the log says which corpus, length and router it is at)
-    progress = tqdm(total=len(corpora) * len(lengths) * len(routers), desc="recall screen", unit="router")
+    progress = tqdm(total=len(corpora) * len(lengths) * (len(routers) + 1), desc="recall screen", unit="step")
     for corpus, ids in corpora.items():
         for length in lengths:
             count = rows if isinstance(rows, int) else rows[length]
@@ -105,39 +105,65 @@ def screen_routers(
             ppl_budgets = list(ppl_keys) if long else list(ppl_shares)
             ppl_block = _rows(ids, length, ppl_rows) if ppl_budgets or ppl_routers else None  # (a pattern: none)
             pretrained = None
+            where = {"corpus": corpus, "length": length}
+            states = {}  # each router as Focus's layers hold it, screened below in one pass per row
             for name, spec in routers.items():
                 progress.set_postfix_str(f"{corpus} {length} {name}")
                 kind = build_router(model, spec, window, calibration)
                 try:
-                    result = routing_recall(model, block, kind, budgets, last_queries=last_queries if long else None)
-                    where = {"corpus": corpus, "length": length, "router": name}
-                    for budget, shares_at in zip(budgets, result["overall"]):
-                        found.append({**where, "spec": spec, "budget": budget,
-                                      "budget_kind": "keys" if long else "share", **shares_at})
-                    for layer, per_budget in enumerate(result["layers"]):
-                        layers += [{**where, "layer": layer, "budget": b, **s} for b, s in zip(budgets, per_budget)]
+                    states[name] = (kind, router_state(model), focus_config(model))
                     scored_here = ppl_block is not None and (name in ppl_routers if ppl_routers is not None
                                                              else kind != "centroids")  # (groups keep top-k)
                     if scored_here and (kind == "centroids" or ppl_budgets):
                         pretrained = pretrained if pretrained is not None else _pretrained(model, ppl_block)
-                        scored += (_pattern_perplexities(model, where, block, ppl_block, pretrained,
+                        here = {**where, "router": name}
+                        scored += (_pattern_perplexities(model, here, block, ppl_block, pretrained,
                                                          oracle=ppl_oracle and not long) if kind == "centroids" else
-                                   _perplexities(model, where, ppl_block, ppl_budgets, pretrained, keys=long))
+                                   _perplexities(model, here, ppl_block, ppl_budgets, pretrained, keys=long))
                 finally:
                     remove_focus(model)
                 progress.update()
+            progress.set_postfix_str(f"{corpus} {length} recall of every router")
+            recalls = _recalls(model, block, states, budgets, last_queries if long else None)
+            for name, spec in routers.items():
+                result = recalls[name]
+                for budget, shares_at in zip(budgets, result["overall"]):
+                    found.append({**where, "router": name, "spec": spec, "budget": budget,
+                                  "budget_kind": "keys" if long else "share", **shares_at})
+                for layer, per_budget in enumerate(result["layers"]):
+                    layers += [{**where, "router": name, "layer": layer, "budget": b, **s}
+                               for b, s in zip(budgets, per_budget)]
+            progress.update()
             if ppl_block is not None and ppl_oracle and ppl_shares and not long:
                 apply_focus(model, FocusConfig(window=window), calibration_ids=calibration)
                 try:
                     pretrained = pretrained if pretrained is not None else _pretrained(model, ppl_block)
-                    scored += _perplexities(model, {"corpus": corpus, "length": length, "router": "oracle"},
-                                            ppl_block, ppl_shares, pretrained, oracle=True)
+                    scored += _perplexities(model, {**where, "router": "oracle"}, ppl_block, ppl_shares, pretrained,
+                                            oracle=True)
                 finally:
                     remove_focus(model)
             if report is not None:
                 report(found, layers, scored)
     progress.close()
     return found, layers, scored
+
+
+def _recalls(model: PreTrainedModel, block: torch.Tensor, states: Mapping[str, tuple], budgets: list,
+             last_queries: int | None) -> dict[str, dict]:
+    """`routing_recalls` of every router in `states` ({name: (kind, router_state, its FocusConfig)}): one pass per
+    row for those of one window and count of sinks (all of them, as a profile screens them), under a Focus of theirs."""
+    found = {}
+    groups: dict[tuple, dict] = {}
+    for name, (kind, state, config) in states.items():
+        groups.setdefault((config.window, config.sink_tokens), {})[name] = (kind, state)
+    for (window, sinks), group in groups.items():
+        # (a carrier: its layers take each router's state in turn, so its own centroids need no k-means)
+        apply_focus(model, FocusConfig(window=window, sink_tokens=sinks), init_centroids=False)
+        try:
+            found.update(routing_recalls(model, block, group, budgets, last_queries=last_queries))
+        finally:
+            remove_focus(model)
+    return found
 
 
 def _rows(ids: torch.Tensor, length: int, count: int) -> torch.Tensor:
