@@ -293,6 +293,17 @@ if RECALL:
     FIGURES.update(recall_screen_layers=f"{R}/figures/recall_screen_layers.png")
 
 
+def recall_settings(*keys):
+    """The recall screen's settings named, those it gives (ppl_tokens has no default: a profile without it keeps its
+    params, so its finished cells stay finished)."""
+    return {key: RECALL[key] for key in keys if key in RECALL}
+
+
+def recall_window():
+    """The screen's window: the screened model's first variant's."""
+    return next(iter(P["models"][RECALL["model"]]["variants"].values()))["window"]
+
+
 def recall_routers():
     """The screen's routers as `focus.eval.router_screen.build_router` reads them: variant:NAME as its adapter."""
     return {name: f"adapter:{train_folder(RECALL['model'], spec.removeprefix('variant:'))}/adapter"

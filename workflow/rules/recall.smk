@@ -2,13 +2,6 @@
 
 
 if RECALL:
-    RECALL_WINDOW = next(iter(P["models"][RECALL["model"]]["variants"].values()))["window"]
-
-    def recall_settings(*keys):
-        """The section's settings named, those it gives (ppl_tokens has no default: a profile without it keeps its
-        params, so its finished cells stay finished)."""
-        return {key: RECALL[key] for key in keys if key in RECALL}
-
 
     rule recall_screen_cell:
         """One corpus and length of the screen: each router's distant attention mass kept at each budget beside the
@@ -33,9 +26,9 @@ if RECALL:
             dtype=P["models"][RECALL["model"]]["dtype"],
             routers=recall_routers(),
             settings={"seq_len": P["train"]["seq_len"], "calibration_rows": P["train"].get("calibration_rows", 8),
-                      "window": RECALL_WINDOW, **recall_settings("split", "rows", "shares", "keys", "last_queries",
-                                                                 "ppl_shares", "ppl_keys", "ppl_rows", "ppl_routers",
-                                                                 "ppl_tokens")},
+                      "window": recall_window(),
+                      **recall_settings("split", "rows", "shares", "keys", "last_queries", "ppl_shares", "ppl_keys",
+                                        "ppl_rows", "ppl_routers", "ppl_tokens")},
         threads: 2
         resources:
             gpu=one_gpu_if_any(P["models"][RECALL["model"]]["eval_gpus"]),  # one process
@@ -66,8 +59,8 @@ if RECALL:
         params:
             source=P["models"][RECALL["model"]]["source"],
             dtype=P["models"][RECALL["model"]]["dtype"],
-            settings={"window": RECALL_WINDOW, **recall_settings("split", "rows", "last_queries", "ppl_shares",
-                                                                 "ppl_keys", "ppl_routers")},
+            settings={"window": recall_window(), **recall_settings("split", "rows", "last_queries", "ppl_shares",
+                                                                   "ppl_keys", "ppl_routers")},
         threads: 1
         script:
             "../scripts/recall_screen.py"
