@@ -111,7 +111,7 @@ def screen_routers(
                 progress.set_postfix_str(f"{corpus} {length} {name}")
                 kind = build_router(model, spec, window, calibration)
                 try:
-                    states[name] = (kind, router_state(model), focus_config(model))
+                    states[name] = (kind, router_state(model))
                     scored_here = ppl_block is not None and (name in ppl_routers if ppl_routers is not None
                                                              else kind != "centroids")  # (groups keep top-k)
                     if scored_here and (kind == "centroids" or ppl_budgets):
@@ -150,11 +150,12 @@ def screen_routers(
 
 def _recalls(model: PreTrainedModel, block: torch.Tensor, states: Mapping[str, tuple], budgets: list,
              last_queries: int | None) -> dict[str, dict]:
-    """`routing_recalls` of every router in `states` ({name: (kind, router_state, its FocusConfig)}): one pass per
+    """`routing_recalls` of every router in `states` ({name: (kind, its router_state)}): one pass per
     row for those of one window and count of sinks (all of them, as a profile screens them), under a Focus of theirs."""
     found = {}
     groups: dict[tuple, dict] = {}
-    for name, (kind, state, config) in states.items():
+    for name, (kind, state) in states.items():
+        config = state[0]["focus_config"]  # (every layer's window and sinks are the router's)
         groups.setdefault((config.window, config.sink_tokens), {})[name] = (kind, state)
     for (window, sinks), group in groups.items():
         # (a carrier: its layers take each router's state in turn, so its own centroids need no k-means)
