@@ -47,7 +47,7 @@ def test_every_job_of_the_slice_ran_as_a_slurm_job(cluster_run):
     assert {rule: len(logs) for rule, logs in slurm_jobs_of(cluster).items()} == {
         "tokenize": 1, "train_focus": 1, "train_full_finetune": 1, "peer": 1, "perplexity": 5,
         "benchmarks": 3, "peers_table": 1, "evaluation_tables": 1, "tables": 1, "claims": 1, "figures": 1, "provenance": 1,
-        "wandb_report": 1, "notebook": 1}
+        "wandb_report": 1, "notebook": 1, "recall_screen_cell": 2, "recall_screen": 1}
 
 
 def test_the_slice_computes_the_same_tables_on_the_cluster_as_locally(cluster_run, mini_run):
@@ -57,9 +57,10 @@ def test_the_slice_computes_the_same_tables_on_the_cluster_as_locally(cluster_ru
     _, local = mini_run
     compared = 0
     for table in sorted((cluster / "results" / "slice" / "tables").glob("*.csv")):
-        if table.name in ("claims.csv", "provenance.csv"):
+        if table.name in ("claims.csv", "provenance.csv") or table.name.startswith("recall_screen"):
             continue  # claims: its settings column quotes timings, and the minimal run has more stages to judge;
-            # provenance: each run's paths and dates
+            # provenance: each run's paths and dates; the recall screen: no minimal run has one (its cells against
+            # one process: tests/test_indexer.py)
         there, here = pd.read_csv(table), pd.read_csv(local / "tables" / table.name)
         columns = [column for column in there.columns if not TIMINGS.search(column)]
         keys = [column for column in there.select_dtypes(exclude=["number", "bool"]) if column in columns]
@@ -81,6 +82,9 @@ def test_paper_profile_requests_fit_a_gpu_node_and_a_bad_one_is_refused(tmp_path
                                                  result.stdout).groups())
     assert jobs >= 240 and requests >= 20 and refused == 0
     assert re.search(r"^ok +1 x train_focus .*--gpus=8", result.stdout, flags=re.MULTILINE)  # the 70B model
+    # A job asks SLURM for the CPUs its torch threads use: the profile's set-threads, not a default cpus_per_task.
+    assert re.search(r"^ok +\d+ x perplexity .*--cpus-per-task=8 ", result.stdout, flags=re.MULTILINE)
+    assert re.search(r"^ok +1 x claims .*--cpus-per-task=1\b", result.stdout, flags=re.MULTILINE)
 
     too_many = subprocess.run([*check, "--set-resources", "train_focus:gpu=9"], cwd=tmp_path, env=online,
                               capture_output=True, text=True, check=False)

@@ -29,6 +29,7 @@ def training_profile(tmp_path: Path, steps: int) -> tuple[str, Path, str]:
     config.update(name="fault", models={"tiny-llama": {"source": "tiny:llama"}})
     config.pop("harness")
     config.pop("peers")  # its selector sits on tiny-qwen2, which this profile leaves out
+    config.pop("recall_screen")  # (so does the recall screen)
     config["train"].update(full_finetune=None, seq_len=64, retrieval_share=0)  # rows of 64: no room for a fact
     config["train"]["centroids"].update(steps=steps, checkpoint_every=20, log_every=10)
     path = str(write_config(tmp_path, config))

@@ -37,6 +37,10 @@ SLICE = {key: value for key, value in MINI.items() if key not in ("benchmark", "
                                                                    "study")}
 SLICE["models"] = {"tiny-qwen2": MINI["models"]["tiny-qwen2"]}
 SLICE["harness"] = {**MINI["harness"], "chat_tasks": []}
+# The recall screen, which no minimal run has: its cells are jobs of their own (and the gathering one more), the
+# shape of a screen of hours that a cluster runs side by side.
+SLICE["recall_screen"] = {"model": "tiny-qwen2", "domains": ["books"], "lengths": [64, 128], "rows": 1,
+                          "shares": [0.5], "routers": {"groups": "centroids", "quest": "quest"}}
 
 def slurm_jobs_of(workdir: Path) -> dict[str, list[Path]]:
     """{rule: its SLURM logs}, from the plugin's log folder (one file per SLURM job, named by its job id)."""
