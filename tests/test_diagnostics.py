@@ -168,6 +168,30 @@ def test_the_oracle_keeps_the_heaviest_distant_pairs_as_many_per_row_as_the_patt
     assert not torch.equal(chosen, kept)  # the oracle chose other pairs than the routing: the test tells them apart
 
 
+def test_the_oracles_cut_keeps_exactly_its_count_per_row_and_nothing_lighter_than_what_it_leaves():
+    """The oracle's top-k cut against ranking every row by a sort: the same pairs where scores do not tie; where they
+    tie at the cut (float32 logits of distinct keys do at times), still exactly `count`, none below one left out.
+    Rows where nothing is eligible or nothing is kept included."""
+    from focus.eval.diagnostics import _heaviest
+
+    generator = torch.Generator().manual_seed(0)
+    ties = torch.randint(0, 6, (2, 3, 40, 50), generator=generator).float()  # few values: ties everywhere
+    for scores in (torch.randn(ties.shape, generator=generator), ties):
+        scores[torch.rand(scores.shape, generator=generator) < 0.3] = float("-inf")  # not eligible
+        scores[0, 0, 0] = float("-inf")  # a row with nothing eligible
+        eligible = (scores > float("-inf")).sum(dim=-1, keepdim=True)
+        count = (eligible * torch.rand(eligible.shape, generator=generator)).round()
+        count[0, 1, 0] = 0
+        chosen = _heaviest(scores, count)
+        assert torch.equal(chosen.sum(dim=-1, keepdim=True), count.long())
+        lightest_kept = scores.masked_fill(~chosen, float("inf")).amin(dim=-1)
+        heaviest_left = scores.masked_fill(chosen, float("-inf")).amax(dim=-1)
+        assert bool((lightest_kept >= heaviest_left).all())
+    ranked = torch.randn(4, 30, generator=generator)
+    count = torch.tensor([[0], [1], [17], [30]])
+    assert torch.equal(_heaviest(ranked, count), ranked.argsort(dim=-1, descending=True).argsort(dim=-1) < count)
+
+
 def test_an_oracle_over_a_pattern_that_keeps_every_pair_is_the_unmodified_model(one_thread):
     model = tiny_model("llama", seed=0)
     ids = rows(model)

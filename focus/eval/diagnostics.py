@@ -272,21 +272,33 @@ def _attending(model: PreTrainedModel, name: str, function) -> Iterator[PreTrain
 def _oracle_attention(module: nn.Module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None,
                       share=None, **kwargs):
     kept, distant, logits, allowed = _pattern_and_logits(module, query, key, value, attention_mask, scaling, softcap,
-                                                         kwargs.get("position_ids"))
-    distant = distant.expand_as(logits)
+                                                         kwargs.get("position_ids"), with_kept=share is None)
     if share is None:
         count = (kept & distant).sum(dim=-1, keepdim=True)  # (B, H, Q, 1) the pattern's distant pairs per row
     else:
-        count = (distant.sum(dim=-1, keepdim=True) * share).round()
-    rank = logits.masked_fill(~distant, float("-inf")).argsort(dim=-1, descending=True).argsort(dim=-1)
-    chosen = (allowed & ~distant) | (distant & (rank < count))  # the window and the sinks, then the heaviest
+        count = (distant.sum(dim=-1, keepdim=True) * share).round()  # (B or 1, 1, Q, 1)
+    chosen = (allowed & ~distant) | _heaviest(logits.masked_fill(~distant, float("-inf")), count)
     out = dense_attention(query, key, value, chosen, None, scaling, softcap)
     return out.transpose(1, 2).contiguous(), None
 
 
-def _pattern_and_logits(module: nn.Module, query, key, value, attention_mask, scaling, softcap, position_ids):
+def _heaviest(scores: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """Per row of `scores` (-inf where not eligible), its `count` highest entries (count: broadcastable to (..., 1),
+    at most the row's finite entries; equal scores at the cut in top-k's order): a top-k as deep as the largest count,
+    its first `count` scattered. Two sorts of every row (the ranks) took several times as long."""
+    chosen = torch.zeros_like(scores, dtype=torch.bool)
+    most = int(count.max()) if count.numel() else 0
+    if most == 0:
+        return chosen
+    order = scores.topk(most, dim=-1).indices  # (..., most), highest first
+    first = torch.arange(most, device=scores.device) < count.expand(*scores.shape[:-1], 1)
+    return chosen.scatter_(-1, order, first)  # (each row's indices are distinct: no write lands on another)
+
+
+def _pattern_and_logits(module: nn.Module, query, key, value, attention_mask, scaling, softcap, position_ids,
+                        with_kept: bool = True):
     """(kept, distant, logits, allowed) of one call: `_pattern`'s and the float32 attention logits (B, H, Q, L)."""
-    kept, distant, allowed = _pattern(module, query, key, value, attention_mask, position_ids)
+    kept, distant, allowed = _pattern(module, query, key, value, attention_mask, position_ids, with_kept)
     h, d, k_heads = query.shape[1], query.shape[3], key.shape[1]
     logits = torch.einsum("bhqd,bhld->bhql", query.float(), key.float().repeat_interleave(h // k_heads, dim=1))
     logits = logits * (d**-0.5 if scaling is None else scaling)
@@ -295,10 +307,10 @@ def _pattern_and_logits(module: nn.Module, query, key, value, attention_mask, sc
     return kept, distant, logits, allowed
 
 
-def _pattern(module: nn.Module, query, key, value, attention_mask, position_ids):
-    """(kept, distant, allowed) of one call: the hard Focus pattern (B, H, Q, L) bool per query head, the distant
-    pairs it routes (beyond the window, sinks excluded; (B or 1, 1, Q, L)) and the pairs the model allows ((B or 1, 1,
-    Q, L))."""
+def _pattern(module: nn.Module, query, key, value, attention_mask, position_ids, with_kept: bool = True):
+    """(kept, distant, allowed) of one call: the hard Focus pattern (B, H, Q, L) bool per query head (None without
+    `with_kept`: an oracle at a share needs only the rest), the distant pairs it routes (beyond the window, sinks
+    excluded; (B or 1, 1, Q, L)) and the pairs the model allows ((B or 1, 1, Q, L))."""
     config = module.focus_config
     b, h, q_len, d = query.shape
     k_heads, k_len = key.shape[1], key.shape[2]
@@ -307,7 +319,9 @@ def _pattern(module: nn.Module, query, key, value, attention_mask, position_ids)
     key_vectors = routing_vectors(module, key if config.route_on == "key" else value, positions)
     routed = route_call(module, query, key_vectors, base_mask, positions)
     sinks = routed.sinks
-    if config.selector != "centroids":  # a training-free peer's pattern (`focus.attention.routers.selectors`)
+    if not with_kept:
+        kept = None
+    elif config.selector != "centroids":  # a training-free peer's pattern (`focus.attention.routers.selectors`)
         kept = selected_pairs(module, query, key, base_mask, position_ids)
     else:
         groups_q = top_k_groups(routed.query_log_assign, config.top_k)
