@@ -10,6 +10,7 @@ from focus.attention.routers.centroids import top_k_groups
 from focus.attention.routers.routing import sink_keys
 from focus.data import chunk_tokens, load_corpus, tokenize_corpus
 from focus.eval.diagnostics import (
+    _heaviest,
     _oracle_attention,
     distant_attention_recall,
     distant_pairs_kept,
@@ -172,8 +173,6 @@ def test_the_oracles_cut_keeps_exactly_its_count_per_row_and_nothing_lighter_tha
     """The oracle's top-k cut against ranking every row by a sort: the same pairs where scores do not tie; where they
     tie at the cut (float32 logits of distinct keys do at times), still exactly `count`, none below one left out.
     Rows where nothing is eligible or nothing is kept included."""
-    from focus.eval.diagnostics import _heaviest
-
     generator = torch.Generator().manual_seed(0)
     ties = torch.randint(0, 6, (2, 3, 40, 50), generator=generator).float()  # few values: ties everywhere
     for scores in (torch.randn(ties.shape, generator=generator), ties):
