@@ -331,6 +331,25 @@ def test_the_screen_stage_writes_its_tables_figures_and_provenance(tmp_path):
     assert list(zip(scored["router"], scored["budget_kind"])) == [("groups", "pattern"), ("oracle", "pattern")]
 
 
+def test_the_screens_figure_is_a_grid_of_corpora_by_lengths_and_one_row_at_one_length():
+    """Three corpora at three lengths were nine panels in a line (4,776 pixels wide); now a row per corpus, a column
+    per length, a blank panel where a corpus lacks a length; a screen of one length keeps its corpora side by side."""
+    import pandas as pd
+
+    from focus.artifacts import pyplot
+    from focus.eval.recall_report import _panels
+
+    cells = [("wikitext2", 512), ("wikitext2", 2048), ("novel", 512), ("novel", 2048), ("novel", 8192)]
+    fig, axes, panels = _panels(pd.DataFrame(cells, columns=["corpus", "length"]), height=3.0)
+    assert axes.shape == (2, 3) and not axes[0][2].get_visible()
+    assert [(key, ax) for ax, key, _ in panels] == [(cell, axes[i][j]) for cell, (i, j) in
+                                                    zip(cells, [(0, 0), (0, 1), (1, 0), (1, 1), (1, 2)])]
+    pyplot().close(fig)
+    fig, axes, panels = _panels(pd.DataFrame([("a", 512), ("b", 512), ("c", 512)], columns=["corpus", "length"]), 3.0)
+    assert axes.shape == (1, 3) and [key for _, key, _ in panels] == [("a", 512), ("b", 512), ("c", 512)]
+    pyplot().close(fig)
+
+
 def test_the_screen_cells_one_a_job_gather_into_the_tables_one_process_writes(tmp_path):
     """Rule recall_screen_cell measures one corpus and length a job (a screen of hours resumes where it stopped) and
     rule recall_screen gathers them: the same rows as the whole screen in one process, whichever cell ran first."""

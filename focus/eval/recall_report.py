@@ -1,6 +1,6 @@
 """The recall screen's record and figure: the distant attention mass each router keeps, against the pairs kept.
 
-One panel per corpus and context length, one curve per router (`focus.eval.recall_screen.routing_recall`), the oracle
+One panel per corpus (a row of the grid) and context length (a column), one curve per router (`focus.eval.recall_screen.routing_recall`), the oracle
 (each query's heaviest distant keys) on top: no router keeps more at the same count, so the gap to it is what a
 better router could still win.
 """
@@ -22,7 +22,7 @@ def plot_recall(frame: pd.DataFrame, figure: str | Path, patterns: pd.DataFrame 
     perplexity rows of groups scored at their own top-k pattern (`budget_kind` "pattern": budget, the pairs kept, and
     recall), drawn as stars in their router's colour, the oracle at the same count hollow."""
     fig, axes, panels = _panels(frame, height=3.8)
-    for ax, ((corpus, length), part) in zip(axes[0], panels):
+    for ax, (corpus, length), part in panels:
         first = part["router"].iloc[0]
         oracle = part[part["router"] == first].sort_values("kept")
         ax.plot(oracle["kept"], oracle["oracle_recall"], "k--", marker=".", label="oracle (heaviest keys)")
@@ -53,7 +53,7 @@ def plot_recall_layers(layers: pd.DataFrame, figure: str | Path, share: float = 
     """Where recall goes: per layer, each router's share of the oracle's mass at one budget (the screened one nearest
     `share` of the distant keys below 4K tokens, nearest `keys` per query from 4K), one panel per corpus and length."""
     fig, axes, panels = _panels(layers, height=3.4, sharey=True)
-    for ax, ((corpus, length), part) in zip(axes[0], panels):
+    for ax, (corpus, length), part in panels:
         target = keys if length >= 4096 else share
         budget = min(part["budget"].unique(), key=lambda b: abs(float(b) - target))
         for router, curve in part[part["budget"] == budget].groupby("router", sort=False):
@@ -65,17 +65,27 @@ def plot_recall_layers(layers: pd.DataFrame, figure: str | Path, share: float = 
 
 
 def _panels(frame: pd.DataFrame, height: float, **options):
-    """(figure, axes, [((corpus, length), rows)]): one panel per corpus and length, side by side."""
-    panels = list(frame.groupby(["corpus", "length"], sort=False))
-    # (2 inches more for the legend beside the last panel)
-    fig, axes = pyplot().subplots(1, len(panels), figsize=(4.2 * len(panels) + 2, height), squeeze=False, **options)
-    return fig, axes, panels
+    """(figure, axes, [(axis, (corpus, length), rows)]): a grid of a row per corpus and a column per length (nine
+    panels of three corpora at three lengths in one line are too wide to read), one row where there is one length;
+    a corpus without a length leaves its panel blank."""
+    parts = dict(list(frame.groupby(["corpus", "length"], sort=False)))
+    corpora, lengths = list(dict.fromkeys(frame["corpus"])), sorted(frame["length"].unique())
+    place = ({(corpus, length): (0, i) for i, corpus in enumerate(corpora) for length in lengths} if len(lengths) == 1
+             else {(corpus, length): (i, j) for i, corpus in enumerate(corpora) for j, length in enumerate(lengths)})
+    rows, columns = (max(i for i, _ in place.values()) + 1, max(j for _, j in place.values()) + 1)
+    # (2 inches more for the legend beside the first row's last panel)
+    fig, axes = pyplot().subplots(rows, columns, figsize=(4.2 * columns + 2, height * rows), squeeze=False, **options)
+    for (corpus, length), (i, j) in place.items():
+        if (corpus, length) not in parts:
+            axes[i][j].set_visible(False)
+    return fig, axes, [(axes[i][j], key, parts[key]) for key, (i, j) in place.items() if key in parts]
 
 
 def _finish(fig, axes, ylabel: str, figure: str | Path) -> None:
-    for ax in axes[0]:
+    for ax in axes.flat:
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel(ylabel)
+    for row in axes:
+        row[0].set_ylabel(ylabel)
     axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))  # beside the panels, off the curves
     save_figure(fig, figure)
 
