@@ -224,3 +224,19 @@ def test_the_notebook_runs_top_to_bottom_on_each_committed_snapshot(profile, tmp
                if base64.b64encode(figure.read_bytes()).decode() not in drawn]
     assert len(tables) >= 4 and len(figures) >= 3 and not unshown and not undrawn, (unshown, undrawn)
     assert "git_commit" in shown and "no claims table" not in shown
+
+
+def test_the_routers_page_quotes_its_snapshot():
+    """docs/routers.md's validation tables and its kernels' (configs/routers.yaml): each share of the mass kept, change
+    and bound is a value of the snapshot's recall screen or its perplexity table (in percent), each time and ratio one
+    of its microbenchmarks' tables."""
+    text = (ROOT / "docs" / "routers.md").read_text()
+    snapshot = RESULTS / "routers"
+    screen = [snapshot / "tables" / name for name in ("recall_screen.csv", "recall_screen_perplexity.csv")]
+    quoted, missing = unquoted(text[text.index("### What the routers keep (validation)"):
+                                    text.index("### On the test splits, once")], screen, percent=True)
+    assert len(quoted) == 250 and not missing, missing
+    start = text.index("| keys | kept per query |")
+    quoted, missing = unquoted(text[start:text.index("\n\n", text.index("| prompt, keys per query |"))],
+                               sorted((snapshot / "bench").glob("*.csv")))
+    assert len(quoted) == 33 and not missing, missing

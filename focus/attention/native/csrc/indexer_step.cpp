@@ -2,11 +2,11 @@
 // focus.attention.routers.indexer.indexer_decode_attention is the eager step it replaces).
 //
 // The eager step's scores, top-k and gathers cost more than the unmodified step's attention over every key at 8K
-// (benchmarks/results/indexer_step.md): `topk` sorts what only needs a threshold, and the kept keys are copied before
-// they are read. Here each selection scores every key from its cached code (r bfloat16 numbers per key, not D: the
-// scoring is bound by reading them), finds the threshold of its top `need` by a histogram and a partial sort of one
-// bucket, and its query heads attend over the kept keys read in place (kept_rows.h), the list cut into parts over the
-// cores.
+// (benchmarks/results/routers/bench/indexer_step.md): `topk` sorts what only needs a threshold, and the kept keys are
+// copied before they are read. Here each selection scores every key from its cached code (r bfloat16 numbers per key,
+// not D: the scoring is bound by reading them), finds the threshold of its top `need` by a histogram and a partial sort
+// of one bucket, and its query heads attend over the kept keys read in place (kept_rows.h), the list cut into parts
+// over the cores.
 
 #include "kernels.h"
 
