@@ -84,7 +84,8 @@ def test_tiny_profile_on_the_slurm_executor_asks_for_no_gpu(tmp_path):
 
 def test_the_screen_profiles_dry_run_their_designs(tmp_path):
     """The no-worse screen: its 16 designs trained on one GPU each and studied; the router screen: two trainings of the
-    indexer (512- and 2K-token rows) and its recall screen with perplexity, and its test report; the oracle floor: one design trained,
+    indexer (512- and 2K-token rows) and its recall screen with perplexity, and its test report with the pass-key and
+    RULER; the oracle floor: one design trained,
     scored, and screened beside the oracle; the routing screens: five untrained designs each, screened; the GPU
     profile: the router screen and the speed rows on one GPU; the peers: seven training-free selectors beside the
     chosen design, its top-1 training and its adapter at top-1, on one GPU each, and without RULER on the CPU; the
@@ -93,6 +94,7 @@ def test_the_screen_profiles_dry_run_their_designs(tmp_path):
     result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "no_worse.yaml"), "-n")
     counts = job_counts(result.stdout)
     assert counts["train_focus"] == 16 and counts["study"] == 1 and counts["needle"] == 1 + 2 * 16
+    assert counts["ruler"] == 3  # (`ruler.methods`: pretrained and the two designs part 6 reports)
     trainings = [block for block in result.stdout.split("\n\n") if "rule train_focus:" in block]
     assert all(re.search(r"\bgpu=1\b", block) for block in trainings)
     counts = job_counts(snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "routers.yaml"), "-n").stdout)
@@ -101,6 +103,7 @@ def test_the_screen_profiles_dry_run_their_designs(tmp_path):
     # Its test report: the chosen indexer trained once more, scored at 512 and its cells at four lengths on test.
     counts = job_counts(snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "routers_test.yaml"), "-n").stdout)
     assert counts["train_focus"] == 1 and counts["recall_screen_cell"] == 3 * 4 and counts["perplexity"] == 3 * 3
+    assert counts["needle"] == counts["ruler"] == 2  # pretrained and the indexer, hard
     counts = job_counts(snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "oracle_floor.yaml"), "-n").stdout)
     assert counts["train_focus"] == 1 and counts["recall_screen"] == 1 and counts["perplexity"] == 3 * 3
     # The routing screens without training: five designs, five shapes, each a job of 0 steps, each screened.
@@ -126,6 +129,7 @@ def test_the_screen_profiles_dry_run_their_designs(tmp_path):
     result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "forgetting.yaml"), "-n")
     counts = job_counts(result.stdout)
     assert counts["train_focus"] == 8 and counts["study"] == 1 and counts["needle"] == 1 + 2 * 8 + 6
+    assert counts["ruler"] == 3  # pretrained, the weight-5 candidate and the chosen default
     assert counts["interpret"] == 8 + 6
     reused = next(block for block in result.stdout.split("\n\n") if "rule interpret:" in block
                   and "variant=st300_ret8" in block)

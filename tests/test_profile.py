@@ -343,6 +343,11 @@ BAD = {
             "lengths": [512], "depths": [0.5], "trials": 1, "methods": ["focus-soft"]}}),
         "long_context.needle.methods: ['focus-soft'] are not among the long-context methods",
     ),
+    "RULER of a method the long-context stages do not score": (
+        lambda c: c.update(long_context={"domain": "books", "context_lengths": [512], "modes": ["hard"], "ruler": {
+            "tasks": ["niah_single_1"], "lengths": [512], "limit": 1, "methods": ["pretrained", "focus-soft"]}}),
+        "long_context.ruler.methods: ['focus-soft'] are not among the long-context methods",
+    ),
     "peer budget above one": (lambda c: c.update(peers={"selectors": ["quest@1.5"]}),
                               "peers.selectors quest@1.5: FocusConfig.budget must be in [0, 1], got 1.5"),
     "peer without a budget": (lambda c: c.update(peers={"selectors": ["quest"]}),

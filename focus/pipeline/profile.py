@@ -264,11 +264,12 @@ def _evaluation_sections(config: dict[str, Any], models: dict[str, Any], methods
         for domain in dict.fromkeys([long_context["domain"], *long_context.get("domains", [])]):
             if "test" not in config["data"]["domains"].get(domain, []):
                 raise ConfigError(f"data.domains.{domain}: long_context needs split 'test'; list it there")
-        unscored = [method for method in (long_context["needle"] or {}).get("methods", [])
-                    if method not in long_context["methods"]]
-        if unscored:
-            raise ConfigError(f"long_context.needle.methods: {unscored} are not among the long-context methods "
-                              f"{long_context['methods']}")
+        for stage in ("needle", "ruler"):
+            unscored = [method for method in (long_context[stage] or {}).get("methods", [])
+                        if method not in long_context["methods"]]
+            if unscored:
+                raise ConfigError(f"long_context.{stage}.methods: {unscored} are not among the long-context methods "
+                                  f"{long_context['methods']}")
         resolved["long_context"] = long_context
     return resolved
 

@@ -190,7 +190,12 @@ def needle_files():
 
 
 def ruler_files():
-    return [f"{R}/long_context/{m}/{method}/ruler.json" for m in LONG["models"] for method in long_context_methods(m)] if LONG.get("ruler") else []
+    """The RULER records: every long-context method's, or those `ruler.methods` names."""
+    ruler = LONG.get("ruler")
+    if not ruler:
+        return []
+    return [f"{R}/long_context/{m}/{method}/ruler.json" for m in LONG["models"] for method in long_context_methods(m)
+            if method in ruler.get("methods", [method])]
 
 
 TABLES = {name: f"{R}/tables/{name}.csv" for name in ("perplexity", "training")}

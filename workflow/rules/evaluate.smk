@@ -130,7 +130,7 @@ rule ruler:
     params:
         source=model_source,
         dtype=model_dtype,
-        ruler=LONG.get("ruler"),
+        ruler={key: value for key, value in (LONG.get("ruler") or {}).items() if key != "methods"},
         focus_changes=method_focus_changes,
     threads: 2
     resources:
