@@ -10,11 +10,12 @@ from focus.eval.paired import paired_ratio
 from focus.report.evaluation import long_context_frame, write_evaluation_tables
 
 
-def record(tmp_path, method: str, context_length: int, window_nll: list[float], domain: str = "books") -> str:
+def record(tmp_path, method: str, context_length: int, window_nll: list[float], domain: str = "books",
+           split: str = "test") -> str:
     path = tmp_path / f"{method}-{domain}-{context_length}.json"
     nll = sum(window_nll) / len(window_nll)
     path.write_text(json.dumps({"model": "m", "method": method, "domain": domain, "context_length": context_length,
-                                "perplexity": math.exp(nll), "window_nll": window_nll,
+                                "perplexity": math.exp(nll), "window_nll": window_nll, "split": split,
                                 "distant_kept": None if method == "pretrained" else 0.25}))
     return str(path)
 
@@ -60,8 +61,21 @@ def test_the_markdown_keeps_each_corpus_and_the_pass_key_apart(tmp_path):
     write_evaluation_tables([], {}, {}, {}, [], [], records, [needle], {"long_context": tmp_path / "long_context.csv"})
     table = (tmp_path / "long_context.md").read_text()
     assert f"{math.exp(3.1):.4g}" in table and f"{math.exp(2.1):.4g}" in table  # each corpus its own row
-    needle_rows = [[cell.strip() for cell in line.split("|")[5:7]] for line in table.splitlines() if "needle" in line]
+    needle_rows = [[cell.strip() for cell in line.split("|")[6:8]] for line in table.splitlines() if "needle" in line]
     assert needle_rows == [["—", "0.5"], ["—", "-1.75"]]  # (at 1024 only: its accuracy and mean key log-prob)
+
+
+def test_the_table_names_the_split_each_perplexity_was_scored_on(tmp_path):
+    """A screen that chooses at long contexts scores them on validation (`long_context.split`): its rows say so, and
+    the pass-key's say test (its haystack's text), so that no validation number passes for a reported one."""
+    records = [record(tmp_path, "pretrained", 512, [3.0, 3.2], split="validation"),
+               record(tmp_path, "focus-hard", 512, [3.1, 3.3], split="validation")]
+    needle = tmp_path / "needle.json"
+    needle.write_text(json.dumps({"model": "m", "method": "pretrained", "trials": [
+        {"length": 1024, "correct": True, "key_logprob": -0.5}]}))
+    frame = long_context_frame(records, [needle])
+    assert set(frame[frame["measure"].str.startswith("perplexity")]["split"]) == {"validation"}
+    assert set(frame[frame["measure"].str.startswith("needle")]["split"]) == {"test"}
 
 
 def test_the_figure_draws_each_change_with_its_interval(tmp_path, monkeypatch):

@@ -150,6 +150,12 @@ def test_the_screen_profiles_dry_run_their_designs(tmp_path):
     counts = job_counts(result.stdout)
     assert counts["train_focus"] == 2 and counts["long_context_perplexity"] == 3 * 2 * 5 and "needle" not in counts
     assert "gpu=1" not in result.stdout
+    # Its twin on validation (where the 2K-row design was weighed): long-context perplexity on the validation splits.
+    result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "no_worse_lengths.yaml"), "-n")
+    counts = job_counts(result.stdout)
+    assert counts["train_focus"] == 2 and counts["long_context_perplexity_validation"] == 3 * 2 * 5
+    assert "long_context_perplexity" not in counts and "ctx8192.validation.json" in result.stdout
+    assert "gpu=1" not in result.stdout
     # The peers without RULER, on the CPU: the same designs at 512 and 2K, the pass-key of those at Focus's budget;
     # the chosen design's adapter at top-1 beside them, not trained (adapter_of).
     result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "peers_test.yaml"), "-n")

@@ -280,11 +280,15 @@ def test_a_variant_with_adapter_of_scores_the_trained_adapter_changed_at_inferen
     records = {method: f"results/mini/perplexity/tiny-qwen2/{method}/books.json" for method in ("focus-hard",
                                                                                                 "focus_top2-hard")}
     long_context = "results/mini/long_context/tiny-qwen2/focus_top2-hard/books/ctx128.json"
+    on_validation = long_context.replace(".json", ".validation.json")  # (rule long_context_perplexity_validation)
     needle = "results/mini/long_context/tiny-qwen2/focus_top2-hard/needle.json"
-    snakemake(tmp_path, *records.values(), long_context, needle, "--configfile", str(path))
+    snakemake(tmp_path, *records.values(), long_context, on_validation, needle, "--configfile", str(path))
     assert [folder.name for folder in (tmp_path / "results" / "mini" / "train" / "tiny-qwen2").iterdir()] == ["focus"]
     scored = {method: json.loads((tmp_path / file).read_text()) for method, file in records.items()}
     assert [scored[method]["focus_config"]["top_k"] for method in records] == [1, 2]
     assert scored["focus_top2-hard"]["distant_kept"] > scored["focus-hard"]["distant_kept"]  # (two groups keep more)
-    for file in (long_context, needle):
+    for file in (long_context, on_validation, needle):
         assert json.loads((tmp_path / file).read_text())["focus_config"]["top_k"] == 2, file
+    splits = [json.loads((tmp_path / file).read_text()) for file in (long_context, on_validation)]
+    assert [record["split"] for record in splits] == ["test", "validation"]
+    assert splits[0]["perplexity"] != splits[1]["perplexity"]

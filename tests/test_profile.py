@@ -343,6 +343,11 @@ BAD = {
             "lengths": [512], "depths": [0.5], "trials": 1, "methods": ["focus-soft"]}}),
         "long_context.needle.methods: ['focus-soft'] are not among the long-context methods",
     ),
+    "long context on validation without a validation split": (
+        lambda c: c.update(long_context={"domain": "wikitext2", "split": "validation", "context_lengths": [512]})
+        or c["data"]["domains"].update(wikitext2=["test"]),
+        "data.domains.wikitext2: long_context needs split 'validation'",
+    ),
     "RULER of a method the long-context stages do not score": (
         lambda c: c.update(long_context={"domain": "books", "context_lengths": [512], "modes": ["hard"], "ruler": {
             "tasks": ["niah_single_1"], "lengths": [512], "limit": 1, "methods": ["pretrained", "focus-soft"]}}),

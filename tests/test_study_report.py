@@ -85,7 +85,10 @@ def test_study_frame_sets_every_corpus_against_pretrained_and_counts_the_pass_ke
             files.append(perplexity("pretrained", domain, split, [3.0, 3.2, 3.1]))
             files.append(perplexity("a-hard", domain, split, [3.0 + shift, 3.2 + shift, 3.1 + shift * 0.5]))
     needles = [needle("pretrained", [True, True, True, False]), needle("a-hard", [True, True, False, False])]
-    frame = study_frame("m", {"a": {"window": 128}}, "books", [], validation, test, needle=needles)
+    contexts = [record("a-ctx-test", method="a-hard", domain="books", context_length=2048, perplexity=30.0),
+                record("a-ctx-validation", method="a-hard", domain="books", context_length=4096, perplexity=31.0,
+                       split="validation")]
+    frame = study_frame("m", {"a": {"window": 128}}, "books", [], validation, test, contexts, needle=needles)
     row, base = frame.set_index("design").loc["a"], frame.set_index("design").loc["pretrained"]
     for column in ("books_validation", "wikitext2_validation", "books_test", "wikitext2_test"):
         low, change, high = (row[f"{column}_hard_vs_pretrained{b}"] for b in ("_low", "", "_high"))
@@ -94,6 +97,8 @@ def test_study_frame_sets_every_corpus_against_pretrained_and_counts_the_pass_ke
     assert list(frame.columns[2:4]) == ["books_validation", "books_validation_hard"]  # the choice's column first
     assert (row["needle_1024_hard"], row["needle_2048_hard"], base["needle_2048"]) == (1.0, 0.0, 0.5)
     assert (row["key_logprob_2048_hard"], base["key_logprob_1024"]) == (-3.0, -1.0)
+    # A long context scored on validation (`long_context.split`) names its split; the test split's columns as before.
+    assert (row["ctx2048_hard"], row["ctx4096_validation_hard"]) == (30.0, 31.0)
     # The trade-off reads both corpora on validation where the study scores both there (test only where it must).
     point = tradeoff_points(frame, "books", "wikitext2").set_index("design").loc["a (hard)"]
     assert point["other_change"] == pytest.approx(row["wikitext2_validation_hard"] / base["wikitext2_validation"] - 1)

@@ -262,8 +262,9 @@ def _evaluation_sections(config: dict[str, Any], models: dict[str, Any], methods
         scored = [method for method in focus_methods if method_variant(method)[1] in modes]
         long_context["methods"] = [PRETRAINED, *scored, *peer_methods]  # each model's own: see its methods
         for domain in dict.fromkeys([long_context["domain"], *long_context.get("domains", [])]):
-            if "test" not in config["data"]["domains"].get(domain, []):
-                raise ConfigError(f"data.domains.{domain}: long_context needs split 'test'; list it there")
+            for split in dict.fromkeys(["test", long_context.get("split", "test")]):  # (test: the pass-key's text)
+                if split not in config["data"]["domains"].get(domain, []):
+                    raise ConfigError(f"data.domains.{domain}: long_context needs split {split!r}; list it there")
         for stage in ("needle", "ruler"):
             unscored = [method for method in (long_context[stage] or {}).get("methods", [])
                         if method not in long_context["methods"]]

@@ -110,13 +110,14 @@ def long_context_frame(perplexity_records: list[str | Path], needle_records: lis
     """One row per (model, method, corpus, measure, context length): perplexity, its change against the pretrained
     model on the same windows with the paired 95% interval (`perplexity_change`, `_low`, `_high`; where both were
     scored on two windows or more), the share of distant pairs a hard method keeps (`distant_kept`), or needle accuracy
-    and mean key log-prob (the corpus: the haystack's, where the record names it)."""
+    and mean key log-prob (the corpus: the haystack's, where the record names it); `split`: the perplexity's (the
+    pass-key's haystack is the test split's text)."""
     rows = []
     records = [json.loads(Path(path).read_text()) for path in perplexity_records]
     pretrained = {(r["model"], r.get("domain"), r["context_length"]): r for r in records if r["method"] == PRETRAINED}
     for record in records:
         cell = {"model": record["model"], "method": record["method"], "domain": record.get("domain"),
-                "context_length": record["context_length"], "trials": None}
+                "split": record.get("split", "test"), "context_length": record["context_length"], "trials": None}
         rows.append({**cell, "measure": "perplexity", "value": record["perplexity"]})
         if record.get("distant_kept") is not None:  # (hard methods: the share of distant pairs their pattern keeps)
             rows.append({**cell, "measure": "distant_kept", "value": record["distant_kept"]})
@@ -132,7 +133,7 @@ def long_context_frame(perplexity_records: list[str | Path], needle_records: lis
         trials = pd.DataFrame(record["trials"])
         for length, cell in trials.groupby("length"):
             base = {"model": record["model"], "method": record["method"], "domain": record.get("domain", ""),
-                    "context_length": int(length), "trials": len(cell)}  # ("": a pass-key names no corpus)
+                    "split": "test", "context_length": int(length), "trials": len(cell)}  # ("": a pass-key names no corpus)
             rows.append({**base, "measure": "needle_accuracy", "value": float(cell["correct"].mean())})
             rows.append({**base, "measure": "needle_key_logprob", "value": float(cell["key_logprob"].mean())})
     return pd.DataFrame(rows)
@@ -195,7 +196,7 @@ def _readable(name: str, frame: pd.DataFrame) -> pd.DataFrame:
     if name in ("benchmarks", "truthfulqa") and not frame.empty:
         return frame.pivot_table(index=["model", "method"], columns="task", values="value", sort=False).reset_index()
     if name == "long_context" and not frame.empty:
-        return frame.pivot_table(index=["model", "domain", "measure", "method"], columns="context_length",
+        return frame.pivot_table(index=["model", "domain", "split", "measure", "method"], columns="context_length",
                                  values="value", sort=False).reset_index()
     if name == "ruler" and not frame.empty:
         return frame.pivot_table(index=["model", "task", "method"], columns="context_length", values="value",

@@ -88,8 +88,9 @@ def study_frame(
         for record in _records(records, model):
             column = f"{record['domain']}_{split}_{{mode}}"
             put(record["method"], column, record["perplexity"], record.get("window_nll"))
-    for record in _records(long_context, model):
-        put(record["method"], f"ctx{record['context_length']}_{{mode}}", record["perplexity"])
+    for record in _records(long_context, model):  # (a context column names its split where it is not test)
+        split = "" if record.get("split", "test") == "test" else f"_{record['split']}"
+        put(record["method"], f"ctx{record['context_length']}{split}_{{mode}}", record["perplexity"])
     for record in _records(needle, model):
         put(record["method"], "needle_{mode}", record["accuracy"])
         for length in sorted({trial["length"] for trial in record.get("trials", [])}):  # per length, as the screens

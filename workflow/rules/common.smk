@@ -168,13 +168,14 @@ def long_context_methods(model):
 
 
 LONG_DOMAINS = list(dict.fromkeys(LONG.get("domains") or [LONG["domain"]])) if LONG["models"] else []
+LONG_SUFFIX = ".validation.json" if LONG.get("split") == "validation" else ".json"  # (rule *_validation's records)
 
 
 def long_context_files(domains=None, lengths=None):
     """The long-context perplexity records of every model and method, on `domains` (default the section's) at
-    `lengths` (default its context lengths)."""
+    `lengths` (default its context lengths), on the section's split."""
     return [
-        f"{R}/long_context/{m}/{method}/{domain}/ctx{length}.json"
+        f"{R}/long_context/{m}/{method}/{domain}/ctx{length}{LONG_SUFFIX}"
         for m in LONG["models"] for method in long_context_methods(m) for domain in (domains or LONG_DOMAINS)
         for length in (LONG["context_lengths"] if lengths is None else lengths)
     ]
@@ -277,7 +278,7 @@ def peers_table_inputs():
     return {
         "perplexity": [f"{R}/perplexity/{m}/{method}/{d}.json"
                        for m in PEERS["models"] for method in methods for d in EVAL_DOMAINS],
-        "long_context": [f"{R}/long_context/{m}/{method}/{d}/ctx{n}.json"
+        "long_context": [f"{R}/long_context/{m}/{method}/{d}/ctx{n}{LONG_SUFFIX}"
                          for m in PEERS["models"] if m in LONG["models"] for method in methods
                          if method in long_context_methods(m) for d in LONG_DOMAINS for n in lengths],
     }

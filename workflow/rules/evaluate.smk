@@ -94,6 +94,20 @@ rule long_context_perplexity:
         "../scripts/long_context_perplexity.py"
 
 
+use rule long_context_perplexity as long_context_perplexity_validation with:
+    output:
+        f"{R}/long_context/{{model}}/{{method}}/{{domain}}/ctx{{context}}.validation.json",
+    log:
+        f"{R}/logs/long_context/{{model}}/{{method}}/{{domain}}/ctx{{context}}.validation.log",
+    params:
+        source=model_source,
+        dtype=model_dtype,
+        max_tokens=LONG.get("max_tokens"),
+        batch_size=LONG.get("batch_size"),
+        focus_changes=method_focus_changes,
+        split="validation",
+
+
 rule needle:
     """Pass-key retrieval from long passages: greedy answer and the key's log-probability per trial."""
     conda:

@@ -15,5 +15,6 @@ evaluate_perplexity(
     batch_size=snakemake.params.batch_size,
     trained=snakemake.input.get("trained"),
     focus_changes=snakemake.params.focus_changes,
+    split=snakemake.params.get("split", "test"),  # (long_context_perplexity_validation's)
     labels={"model": snakemake.wildcards.model, "domain": snakemake.wildcards.domain},
 )
