@@ -85,8 +85,7 @@ def test_tiny_profile_on_the_slurm_executor_asks_for_no_gpu(tmp_path):
 def test_the_screen_profiles_dry_run_their_designs(tmp_path):
     """The no-worse screen: its 16 designs trained on one GPU each and studied; the router screen: two trainings of the
     indexer (512- and 2K-token rows) and its recall screen with perplexity, and its test report with the pass-key and
-    RULER; the oracle floor: one design trained,
-    scored, and screened beside the oracle; the routing screens: five untrained designs each, screened; the GPU
+    RULER; the oracle floor: one design trained, scored, and screened beside the oracle; the routing screens: five untrained designs each, screened; the GPU
     profile: the router screen and the speed rows on one GPU; the peers: seven training-free selectors beside the
     chosen design, its top-1 training and its adapter at top-1, on one GPU each, and without RULER on the CPU; the
     forgetting screen: eight designs on one GPU, the chosen one on test on the CPU; the no-worse screen's test report

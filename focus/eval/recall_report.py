@@ -1,8 +1,8 @@
 """The recall screen's record and figure: the distant attention mass each router keeps, against the pairs kept.
 
-One panel per corpus (a row of the grid) and context length (a column), one curve per router (`focus.eval.recall_screen.routing_recall`), the oracle
-(each query's heaviest distant keys) on top: no router keeps more at the same count, so the gap to it is what a
-better router could still win.
+One panel per corpus (a row of the grid) and context length (a column), one curve per router
+(`focus.eval.recall_screen.routing_recall`), the oracle (each query's heaviest distant keys) on top: no router keeps
+more at the same count, so the gap to it is what a better router could still win.
 """
 
 from __future__ import annotations

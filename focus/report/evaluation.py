@@ -132,8 +132,9 @@ def long_context_frame(perplexity_records: list[str | Path], needle_records: lis
         record = json.loads(Path(path).read_text())
         trials = pd.DataFrame(record["trials"])
         for length, cell in trials.groupby("length"):
-            base = {"model": record["model"], "method": record["method"], "domain": record.get("domain", ""),
-                    "split": "test", "context_length": int(length), "trials": len(cell)}  # ("": a pass-key names no corpus)
+            base = {"model": record["model"], "method": record["method"],
+                    "domain": record.get("domain", ""),  # ("": a pass-key names no corpus)
+                    "split": "test", "context_length": int(length), "trials": len(cell)}
             rows.append({**base, "measure": "needle_accuracy", "value": float(cell["correct"].mean())})
             rows.append({**base, "measure": "needle_key_logprob", "value": float(cell["key_logprob"].mean())})
     return pd.DataFrame(rows)
