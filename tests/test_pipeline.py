@@ -94,6 +94,8 @@ def test_the_screen_profiles_dry_run_their_designs(tmp_path):
     counts = job_counts(result.stdout)
     assert counts["train_focus"] == 16 and counts["study"] == 1 and counts["needle"] == 1 + 2 * 16
     assert counts["ruler"] == 3  # (`ruler.methods`: pretrained and the two designs part 6 reports)
+    # A screen reads no test split: its long-context perplexity (2K, every method) on validation, as the script's
+    assert counts["long_context_perplexity_validation"] == 1 + 2 * 16 and "long_context_perplexity" not in counts
     trainings = [block for block in result.stdout.split("\n\n") if "rule train_focus:" in block]
     assert all(re.search(r"\bgpu=1\b", block) for block in trainings)
     counts = job_counts(snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "routers.yaml"), "-n").stdout)
@@ -115,11 +117,11 @@ def test_the_screen_profiles_dry_run_their_designs(tmp_path):
     assert counts["train_focus"] == 2 and counts["recall_screen"] == 1 and counts["bench_decode"] == 1
     assert_one_gpu_each(result.stdout, "train_focus", "perplexity", "peer", "recall_screen_cell", "bench_attention",
                         "bench_decode")
-    # The peers at two budgets: 7 selectors beside three routers (two trained), hard, to RULER at 4K (GPU-sized).
+    # The peers at two budgets: 7 selectors beside three routers (two trained), hard, to 4K (GPU-sized); RULER of five.
     result = snakemake(tmp_path, "--configfile", str(ROOT / "configs" / "peers.yaml"), "-n")
     counts = job_counts(result.stdout)
     assert counts["peer"] == 7 and counts["train_focus"] == 2 and counts["peers_table"] == 1
-    assert counts["ruler"] == 1 + 3 + 7  # pretrained, the routers hard, the peers
+    assert counts["ruler"] == 1 + 1 + 3  # pretrained, the chosen design and the peers at its budget (`ruler.methods`)
     assert counts["long_context_perplexity"] == (1 + 3 + 7) * 3 * 3  # three corpora at 512, 2K and 4K
     assert_one_gpu_each(result.stdout, "train_focus", "perplexity", "peer", "long_context_perplexity", "needle",
                         "ruler")
@@ -129,6 +131,7 @@ def test_the_screen_profiles_dry_run_their_designs(tmp_path):
     counts = job_counts(result.stdout)
     assert counts["train_focus"] == 8 and counts["study"] == 1 and counts["needle"] == 1 + 2 * 8 + 6
     assert counts["ruler"] == 3  # pretrained, the weight-5 candidate and the chosen default
+    assert counts["long_context_perplexity_validation"] == counts["needle"] and "long_context_perplexity" not in counts
     assert counts["interpret"] == 8 + 6
     reused = next(block for block in result.stdout.split("\n\n") if "rule interpret:" in block
                   and "variant=st300_ret8" in block)
