@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 from pathlib import Path
 
 from focus.eval.harness import evaluate, hub_unavailable
@@ -76,13 +77,28 @@ def run_ruler(
         for task in runnable:
             result = results["results"][task]
             stderr = result.get(f"{length}_stderr,none")
+            if stderr is None or stderr == "N/A" or math.isnan(float(stderr)):
+                stderr = documents_stderr(results["samples"][task], length)
             scores.setdefault(task, {})[str(length)] = {
                 "score": float(result[f"{length},none"]),
-                "stderr": None if stderr is None or stderr == "N/A" or math.isnan(float(stderr)) else float(stderr),
+                "stderr": None if stderr is None else float(stderr),
                 "documents": len(results["samples"][task]),
             }
             samples[task].extend(results["samples"][task])
     return scores, samples
+
+
+def documents_stderr(samples: list[dict], length: int) -> float | None:
+    """The standard error of a RULER score at `length` from its documents' scores (lm-eval's for a mean: their sample
+    standard deviation over the square root of their count), None below two documents. lm-eval reports none ("N/A")
+    at RULER's own lengths, 4,096 to 131,072, which RULER's YAML aggregates by its own function (another length falls
+    back to a mean and gets one), and "within two standard errors" needs it. A document's score sits under its
+    length's key; -1 or None marks the lengths it is not of."""
+    scores = [float(sample[str(length)]) for sample in samples if (sample.get(str(length)) is not None
+                                                                     and sample[str(length)] >= 0)]
+    if len(scores) < 2:
+        return None
+    return statistics.stdev(scores) / math.sqrt(len(scores))
 
 
 def _ruler_folder() -> str:
