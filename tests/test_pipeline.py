@@ -94,7 +94,7 @@ def test_the_screen_profiles_dry_run_their_designs(tmp_path):
     counts = job_counts(result.stdout)
     assert counts["train_focus"] == 16 and counts["study"] == 1 and counts["needle"] == 1 + 16  # hard, as the script
     assert counts["ruler"] == 3  # (`ruler.methods`: pretrained and the two designs part 6 reports)
-    # A screen reads no test split: its long-context perplexity (2K, every method) on validation, as the script's
+    # A screen reads no test split: its long-context perplexity (2K: pretrained, each design hard) on validation
     assert counts["long_context_perplexity_validation"] == 1 + 16 and "long_context_perplexity" not in counts
     trainings = [block for block in result.stdout.split("\n\n") if "rule train_focus:" in block]
     assert all(re.search(r"\bgpu=1\b", block) for block in trainings)

@@ -41,7 +41,6 @@ def test_unknown_tasks_and_nameless_tokenizers_are_refused_in_one_line(smollm2):
         run_ruler(model, nameless, ["niah_single_1"], [512], limit=1)
 
 
-
 def test_a_length_lm_eval_gives_no_standard_error_takes_its_documents(smollm2, monkeypatch):
     """lm-eval aggregates RULER's own lengths (4,096 to 131,072) by RULER's function and reports no standard error there
     ("N/A": configs/routers_test.yaml's run at 4,096): such a cell takes its documents' (lm-eval's formula for a mean),
